@@ -1,0 +1,1 @@
+"""torchfleet's Kubernetes operator: reconciles TrainingJobs into pod gangs."""

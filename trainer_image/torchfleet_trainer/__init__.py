@@ -1,0 +1,1 @@
+"""torchfleet's trainer runtime: what runs inside a TrainingJob's pods."""

@@ -1,0 +1,141 @@
+"""The pod contract: the environment the operator sets and the trainer reads.
+
+This one module is shared by both packages (the operator imports it to build
+pod env, the trainer to read it), so the two sides cannot drift apart. It
+imports nothing beyond the standard library.
+
+Names follow the tools users already run: torchrun reads its own ``PET_*``
+variables, so an unmodified ``torchrun script.py`` inside the pod launches with
+the right node count and rendezvous. ``RANK``, ``WORLD_SIZE`` and
+``LOCAL_RANK`` always mean per-process values, as in PyTorch; the operator sets
+them on the pod only when one process runs per pod, otherwise torchrun (or our
+own launcher) sets them for each process it starts.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+# torchrun's own variables (torch.distributed.run reads PET_<FLAG>).
+PET_NNODES = "PET_NNODES"
+PET_NPROC_PER_NODE = "PET_NPROC_PER_NODE"
+PET_NODE_RANK = "PET_NODE_RANK"
+PET_MASTER_ADDR = "PET_MASTER_ADDR"
+PET_MASTER_PORT = "PET_MASTER_PORT"
+
+# torch.distributed's env:// rendezvous and common launcher names.
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+NNODES = "NNODES"
+NODE_RANK = "NODE_RANK"
+
+# Per-process values; on the pod only when one process runs per pod.
+RANK = "RANK"
+WORLD_SIZE = "WORLD_SIZE"
+LOCAL_RANK = "LOCAL_RANK"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+
+# torchfleet's own.
+JOB_NAME = "TORCHFLEET_JOB_NAME"
+NAMESPACE = "TORCHFLEET_NAMESPACE"
+RESTART_COUNT = "TORCHFLEET_RESTART_COUNT"
+CHECKPOINT_DIR = "TORCHFLEET_CHECKPOINT_DIR"
+METRICS_PORT = "TORCHFLEET_METRICS_PORT"
+NPROC_PER_NODE = "TORCHFLEET_NPROC_PER_NODE"
+# The inline trainer config (JSON) the operator renders from spec.trainer.
+TRAIN_CONFIG = "TORCHFLEET_TRAIN_CONFIG"
+
+DEFAULT_MASTER_PORT = 29500
+DEFAULT_METRICS_PORT = 9400
+
+
+class ContractError(ValueError):
+    """The pod environment does not satisfy the contract; names the variable."""
+
+
+@dataclass(frozen=True)
+class PodContract:
+    """Everything a pod needs to join its gang, independent of how it launches."""
+
+    job_name: str
+    namespace: str
+    master_addr: str
+    master_port: int
+    nnodes: int
+    node_rank: int
+    nproc_per_node: int
+    restart_count: int = 0
+    checkpoint_dir: str | None = None
+    metrics_port: int = DEFAULT_METRICS_PORT
+
+    def __post_init__(self) -> None:
+        if self.nnodes < 1:
+            raise ContractError(f"{NNODES} must be >= 1, got {self.nnodes}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ContractError(f"{NODE_RANK} must be in [0, {self.nnodes}), got {self.node_rank}")
+        if self.nproc_per_node < 1:
+            raise ContractError(f"{NPROC_PER_NODE} must be >= 1, got {self.nproc_per_node}")
+        if not 0 < self.master_port < 65536:
+            raise ContractError(f"{MASTER_PORT} must be a TCP port, got {self.master_port}")
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    def to_env(self) -> dict[str, str]:
+        """The variables the operator puts on the pod, as strings."""
+        env = {
+            PET_NNODES: str(self.nnodes),
+            PET_NPROC_PER_NODE: str(self.nproc_per_node),
+            PET_NODE_RANK: str(self.node_rank),
+            PET_MASTER_ADDR: self.master_addr,
+            PET_MASTER_PORT: str(self.master_port),
+            MASTER_ADDR: self.master_addr,
+            MASTER_PORT: str(self.master_port),
+            NNODES: str(self.nnodes),
+            NODE_RANK: str(self.node_rank),
+            NPROC_PER_NODE: str(self.nproc_per_node),
+            JOB_NAME: self.job_name,
+            NAMESPACE: self.namespace,
+            RESTART_COUNT: str(self.restart_count),
+            METRICS_PORT: str(self.metrics_port),
+        }
+        if self.checkpoint_dir:
+            env[CHECKPOINT_DIR] = self.checkpoint_dir
+        if self.nproc_per_node == 1:
+            # One process per pod: it is its own launcher, so the per-process
+            # values are known here and plain env:// scripts work unmodified.
+            env[RANK] = str(self.node_rank)
+            env[WORLD_SIZE] = str(self.nnodes)
+            env[LOCAL_RANK] = "0"
+            env[LOCAL_WORLD_SIZE] = "1"
+        return env
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> PodContract:
+        """Reads the contract back; a missing or malformed variable is named."""
+        env = os.environ if env is None else env
+        return cls(
+            job_name=env.get(JOB_NAME, "local"),
+            namespace=env.get(NAMESPACE, "default"),
+            master_addr=env.get(MASTER_ADDR, "127.0.0.1"),
+            master_port=_int(env, MASTER_PORT, DEFAULT_MASTER_PORT),
+            nnodes=_int(env, NNODES, 1),
+            node_rank=_int(env, NODE_RANK, 0),
+            nproc_per_node=_int(env, NPROC_PER_NODE, 1),
+            restart_count=_int(env, RESTART_COUNT, 0),
+            checkpoint_dir=env.get(CHECKPOINT_DIR) or None,
+            metrics_port=_int(env, METRICS_PORT, DEFAULT_METRICS_PORT),
+        )
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ContractError(f"{name} must be an integer, got {raw!r}") from None
