@@ -1,0 +1,102 @@
+# torchfleet: every target does its own set-up, so a fresh clone needs only
+# `make test` (the tests) or `make demo` (a TrainingJob trained end to end).
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+CLUSTER := $(PY) dev/cluster/localcluster.py
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: help
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+# ---- set-up -----------------------------------------------------------------
+
+$(VENV)/.installed: pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (3.11+)"; exit 1; }
+	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+.PHONY: venv
+venv: $(VENV)/.installed ## Python environment in .venv (all extras)
+
+.PHONY: deps
+deps: ## Debian packages the tests and demo use (installed only when missing)
+	dev/ensure-debian-packages.sh
+
+.PHONY: cluster-build
+cluster-build: ## build the control plane from Go modules (cached in ~/.cache/torchfleet)
+	dev/cluster/build.sh
+
+.PHONY: cluster-up
+cluster-up: venv cluster-build ## start (or reuse) the local cluster; KUBECONFIG=.cluster/kubeconfig
+	$(CLUSTER) up
+
+.PHONY: cluster-down
+cluster-down: ## stop the local cluster
+	@[ -x $(PY) ] && $(CLUSTER) down || true
+
+# ---- generated files ------------------------------------------------------------
+
+.PHONY: crds
+crds: venv ## regenerate the CRD YAML (crds/ and the chart's copy) from the API models
+	$(PY) -m torchfleet_operator.api.crdgen
+
+.PHONY: verify
+verify: venv ## fail when generated files drift from their sources
+	$(PY) -m torchfleet_operator.api.crdgen --check
+
+# ---- checks -----------------------------------------------------------------
+
+.PHONY: lint
+lint: venv ## ruff lint + format check
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+.PHONY: typecheck
+typecheck: venv ## mypy over both packages
+	$(VENV)/bin/mypy
+
+.PHONY: test
+test: venv deps cluster-build lint typecheck verify ## everything: set-up, lint, types, every test tier
+	$(PY) -m pytest tests
+
+.PHONY: test-unit
+test-unit: venv ## tier 1: pure functions
+	$(PY) -m pytest tests/unit
+
+.PHONY: test-cluster
+test-cluster: venv cluster-build ## tier 2: the real control plane with KWOK
+	$(PY) -m pytest tests/cluster
+
+.PHONY: test-trainer
+test-trainer: venv ## tier 3: multi-process torch.distributed on CPU
+	$(PY) -m pytest tests/trainer
+
+.PHONY: test-e2e
+test-e2e: venv deps cluster-build ## tier 4: training through the operator on this machine
+	$(PY) -m pytest tests/e2e
+
+.PHONY: test-gpu
+test-gpu: venv ## tier 5: GPU checks (skip without CUDA)
+	$(PY) -m pytest -m gpu tests
+
+# ---- benchmarks ---------------------------------------------------------------
+
+.PHONY: bench-operator
+bench-operator: venv cluster-build ## operator vs. bare client at N jobs (JOBS=100)
+	$(PY) benchmarks/bench_operator.py --jobs $${JOBS:-100}
+
+.PHONY: bench-trainer
+bench-trainer: venv ## trainer throughput and time-to-loss (GPU recipe; --quick on CPU)
+	$(PY) benchmarks/bench_trainer.py $${BENCH_ARGS:-}
+
+.PHONY: clean
+clean: cluster-down ## remove the venv and cluster state (keeps the binary cache)
+	rm -rf $(VENV) .cluster

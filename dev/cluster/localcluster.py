@@ -1,0 +1,403 @@
+"""A real Kubernetes control plane on loopback, for tests and the demo.
+
+etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK, built
+from Go modules by build.sh, run as local processes with their state under
+``.cluster/``. KWOK plays the kubelet for fake GPU nodes; pod and node
+behaviour on demand comes from the Stage files in ``stages/``.
+
+    python dev/cluster/localcluster.py up      # start, or reuse a running one
+    python dev/cluster/localcluster.py down    # stop every component
+    python dev/cluster/localcluster.py status
+
+Standard library only, so it runs before the project's venv exists. Start-up
+waits on each component's readiness endpoint, never on sleeps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+TOOLS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok", "helm")
+# Started in this order, stopped in reverse.
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+
+
+@dataclass(frozen=True)
+class Ports:
+    etcd_client: int = int(os.environ.get("TORCHFLEET_ETCD_PORT", "12379"))
+    etcd_peer: int = int(os.environ.get("TORCHFLEET_ETCD_PEER_PORT", "12380"))
+    apiserver: int = int(os.environ.get("TORCHFLEET_APISERVER_PORT", "16443"))
+    controller_manager: int = int(os.environ.get("TORCHFLEET_KCM_PORT", "10357"))
+    scheduler: int = int(os.environ.get("TORCHFLEET_SCHEDULER_PORT", "10359"))
+    kwok: int = int(os.environ.get("TORCHFLEET_KWOK_PORT", "10347"))
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+class LocalCluster:
+    def __init__(self, root: Path = REPO / ".cluster", ports: Ports | None = None) -> None:
+        self.root = root
+        self.ports = ports or Ports()
+        self.pki = root / "pki"
+        self.logs = root / "logs"
+        self.run = root / "run"
+        self.bin = root / "bin"
+        self.kubeconfig = root / "kubeconfig"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports.apiserver}"
+
+    # ---- lifecycle -------------------------------------------------------
+
+    def up(self, nodes: int = 4) -> None:
+        if self.healthy():
+            log(f"reusing the running cluster (KUBECONFIG={self.kubeconfig})")
+            return
+        self.down(quiet=True)
+        built = build_tools()
+        for d in (self.pki, self.logs, self.run, self.bin):
+            d.mkdir(parents=True, exist_ok=True)
+        self._link_tools(built)
+        self._make_pki()
+        self._write_kubeconfigs()
+        shutil.rmtree(self.root / "etcd", ignore_errors=True)
+        t0 = time.monotonic()
+        self._start("etcd", self._etcd_args())
+        wait_for(lambda: self._http_ok(f"http://127.0.0.1:{self.ports.etcd_client}/health"), "etcd /health")
+        self._start("kube-apiserver", self._apiserver_args())
+        wait_for(lambda: self._https_ok(self.ports.apiserver, "/readyz"), "kube-apiserver /readyz", 120)
+        self._start("kube-controller-manager", self._controller_manager_args())
+        self._start("kube-scheduler", self._scheduler_args())
+        wait_for(lambda: self._https_ok(self.ports.controller_manager, "/healthz"), "controller-manager /healthz")
+        wait_for(lambda: self._https_ok(self.ports.scheduler, "/healthz"), "scheduler /healthz")
+        self._start("kwok", self._kwok_args())
+        wait_for(lambda: self._http_ok(f"http://127.0.0.1:{self.ports.kwok}/healthz"), "kwok /healthz")
+        self._create_fake_nodes(nodes)
+        wait_for(lambda: self._ready_nodes() >= nodes, f"{nodes} fake nodes Ready", 60)
+        wait_for(self._default_service_account_exists, "default ServiceAccount", 60)
+        log(f"cluster ready in {time.monotonic() - t0:.1f}s: export KUBECONFIG={self.kubeconfig}")
+
+    def down(self, quiet: bool = False) -> None:
+        for name in reversed(COMPONENTS):
+            pid = self._pid(name)
+            if pid is None:
+                continue
+            stop_process(pid)
+            (self.run / f"{name}.pid").unlink(missing_ok=True)
+            if not quiet:
+                log(f"stopped {name} (pid {pid})")
+
+    def healthy(self) -> bool:
+        if not self.kubeconfig.exists():
+            return False
+        if any(self._pid(name) is None for name in COMPONENTS):
+            return False
+        return self._https_ok(self.ports.apiserver, "/readyz")
+
+    def status(self) -> dict[str, object]:
+        return {
+            "kubeconfig": str(self.kubeconfig),
+            "server": self.server,
+            "healthy": self.healthy(),
+            "pids": {name: self._pid(name) for name in COMPONENTS},
+        }
+
+    # ---- processes -------------------------------------------------------
+
+    def _start(self, name: str, args: list[str]) -> None:
+        logfile = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
+        proc = subprocess.Popen(
+            [str(self.bin / name), *args],
+            stdout=logfile,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=self.root,
+            start_new_session=True,  # outlives `make cluster-up`; stopped by `down`
+        )
+        logfile.close()
+        (self.run / f"{name}.pid").write_text(str(proc.pid))
+
+    def _pid(self, name: str) -> int | None:
+        try:
+            pid = int((self.run / f"{name}.pid").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        return pid if process_alive(pid) else None
+
+    # ---- component flags -------------------------------------------------
+
+    def _etcd_args(self) -> list[str]:
+        client = f"http://127.0.0.1:{self.ports.etcd_client}"
+        peer = f"http://127.0.0.1:{self.ports.etcd_peer}"
+        return [
+            "--name=torchfleet",
+            f"--data-dir={self.root / 'etcd'}",
+            f"--listen-client-urls={client}",
+            f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=torchfleet={peer}",
+            # A throwaway test store: durability buys nothing, fsync costs seconds.
+            "--unsafe-no-fsync=true",
+            "--quota-backend-bytes=4294967296",
+            "--log-level=warn",
+        ]
+
+    def _apiserver_args(self) -> list[str]:
+        p = self.pki
+        return [
+            f"--etcd-servers=http://127.0.0.1:{self.ports.etcd_client}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={self.ports.apiserver}",
+            f"--tls-cert-file={p / 'apiserver.crt'}",
+            f"--tls-private-key-file={p / 'apiserver.key'}",
+            f"--client-ca-file={p / 'ca.crt'}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={p / 'sa.pub'}",
+            f"--service-account-signing-key-file={p / 'sa.key'}",
+            "--service-cluster-ip-range=10.96.0.0/16",
+            # RBAC is on so that least-privilege tests mean something.
+            "--authorization-mode=RBAC",
+            "--allow-privileged=true",
+            # Pods on a NotReady node are evicted after 10s instead of 300s, so
+            # node-loss tests take seconds. Real clusters keep the default.
+            "--default-not-ready-toleration-seconds=10",
+            "--default-unreachable-toleration-seconds=10",
+            "--profiling=false",
+            "--v=1",
+        ]
+
+    def _component_auth_args(self) -> list[str]:
+        kc = str(self.kubeconfig)
+        return [
+            f"--kubeconfig={kc}",
+            f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}",
+            "--bind-address=127.0.0.1",
+            "--leader-elect=false",
+        ]
+
+    def _controller_manager_args(self) -> list[str]:
+        return [
+            *self._component_auth_args(),
+            f"--secure-port={self.ports.controller_manager}",
+            f"--service-account-private-key-file={self.pki / 'sa.key'}",
+            f"--root-ca-file={self.pki / 'ca.crt'}",
+            # Every default controller: garbage collector, namespace, node
+            # lifecycle, service accounts, endpoints, taint eviction, ...
+            "--controllers=*",
+            "--node-monitor-grace-period=20s",
+            "--v=1",
+        ]
+
+    def _scheduler_args(self) -> list[str]:
+        return [*self._component_auth_args(), f"--secure-port={self.ports.scheduler}", "--v=1"]
+
+    def _kwok_args(self) -> list[str]:
+        stages = sorted(str(p) for p in (HERE / "stages").glob("*.yaml"))
+        return [
+            f"--kubeconfig={self.kubeconfig}",
+            "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake",
+            "--cidr=10.244.0.1/16",
+            "--node-ip=10.250.0.1",
+            "--node-lease-duration-seconds=40",
+            f"--server-address=127.0.0.1:{self.ports.kwok}",
+            f"--config={','.join(stages)}",
+        ]
+
+    # ---- certificates and kubeconfig -----------------------------------
+
+    def _make_pki(self) -> None:
+        p = self.pki
+        if (p / "admin.crt").exists():
+            return
+        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "3650",
+                "-keyout", p / "ca.key", "-out", p / "ca.crt", "-subj", "/CN=torchfleet-local-ca")
+        sans = "DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc," \
+               "DNS:kubernetes.default.svc.cluster.local,IP:127.0.0.1,IP:10.96.0.1"
+        self._signed_cert("apiserver", "/CN=kube-apiserver", f"subjectAltName={sans}")
+        # system:masters is the cluster-admin group; tests and the control
+        # plane components use it. Least-privilege tests mint their own tokens.
+        self._signed_cert("admin", "/O=system:masters/CN=torchfleet-admin", "extendedKeyUsage=clientAuth")
+        openssl("genrsa", "-out", p / "sa.key", "2048")
+        openssl("rsa", "-in", p / "sa.key", "-pubout", "-out", p / "sa.pub")
+
+    def _signed_cert(self, name: str, subject: str, extension: str) -> None:
+        p = self.pki
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", p / f"{name}.key",
+                "-out", p / f"{name}.csr", "-subj", subject)
+        openssl("x509", "-req", "-in", p / f"{name}.csr", "-CA", p / "ca.crt", "-CAkey", p / "ca.key",
+                "-CAcreateserial", "-days", "3650", "-out", p / f"{name}.crt",
+                "-extfile", "/dev/stdin", stdin=extension)
+
+    def _write_kubeconfigs(self) -> None:
+        p = self.pki
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "torchfleet", "cluster": {
+                "server": self.server, "certificate-authority": str(p / "ca.crt")}}],
+            "users": [{"name": "admin", "user": {
+                "client-certificate": str(p / "admin.crt"), "client-key": str(p / "admin.key")}}],
+            "contexts": [{"name": "torchfleet", "context": {"cluster": "torchfleet", "user": "admin"}}],
+            "current-context": "torchfleet",
+        }
+        # JSON is valid YAML, and kubectl and client libraries read either.
+        self.kubeconfig.write_text(json.dumps(config, indent=2))
+
+    def _link_tools(self, built: Path) -> None:
+        for tool in TOOLS:
+            link = self.bin / tool
+            link.unlink(missing_ok=True)
+            link.symlink_to(built / tool)
+
+    # ---- objects ---------------------------------------------------------
+
+    def kubectl(self, *args: str, stdin: str | None = None) -> str:
+        out = subprocess.run(
+            [str(self.bin / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
+            input=stdin, capture_output=True, text=True,
+        )
+        if out.returncode != 0:
+            raise ClusterError(f"kubectl {' '.join(args)}: {out.stderr.strip()}")
+        return out.stdout
+
+    def _create_fake_nodes(self, count: int) -> None:
+        template = (HERE / "fake-gpu-node.json").read_text()
+        items = [json.loads(template.replace("NODE_NAME", f"gpu-node-{i}")) for i in range(count)]
+        self.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+
+    def _ready_nodes(self) -> int:
+        nodes = json.loads(self.kubectl("get", "nodes", "-l", "torchfleet.dev/fake-node=true", "-o", "json"))
+        return sum(
+            1 for n in nodes["items"]
+            for c in n.get("status", {}).get("conditions", [])
+            if c["type"] == "Ready" and c["status"] == "True"
+        )
+
+    def _default_service_account_exists(self) -> bool:
+        try:
+            self.kubectl("get", "serviceaccount", "default", "-n", "default")
+            return True
+        except ClusterError:
+            return False
+
+    # ---- probes ----------------------------------------------------------
+
+    @staticmethod
+    def _http_ok(url: str) -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def _https_ok(self, port: int, path: str) -> bool:
+        ctx = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+        ctx.load_cert_chain(str(self.pki / "admin.crt"), str(self.pki / "admin.key"))
+        # Controller-manager and scheduler serve self-signed certs on loopback.
+        if port != self.ports.apiserver:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        try:
+            with urllib.request.urlopen(f"https://127.0.0.1:{port}{path}", timeout=2, context=ctx) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError, ssl.SSLError):
+            return False
+
+
+# ---- helpers -------------------------------------------------------------
+
+def log(msg: str) -> None:
+    print(f"[cluster] {msg}", file=sys.stderr, flush=True)
+
+
+def build_tools() -> Path:
+    out = subprocess.run([str(HERE / "build.sh")], check=True, stdout=subprocess.PIPE, text=True)
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def openssl(*args: object, stdin: str | None = None) -> None:
+    subprocess.run(["openssl", *map(str, args)], check=True, input=stdin, text=True, capture_output=True)
+
+
+def wait_for(ready, what: str, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    while not ready():
+        if time.monotonic() > deadline:
+            raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}; see .cluster/logs/")
+        time.sleep(delay)
+        delay = min(delay * 2, 1.0)
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours is not alive.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def stop_process(pid: int, grace: float = 10.0) -> None:
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while process_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if process_alive(pid):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["up", "down", "status", "build"])
+    parser.add_argument("--nodes", type=int, default=4, help="fake GPU nodes to create (default 4)")
+    args = parser.parse_args()
+    cluster = LocalCluster()
+    try:
+        if args.command == "up":
+            cluster.up(nodes=args.nodes)
+        elif args.command == "down":
+            cluster.down()
+        elif args.command == "build":
+            print(build_tools())
+        else:
+            print(json.dumps(cluster.status(), indent=2))
+    except (ClusterError, subprocess.CalledProcessError) as e:
+        log(f"error: {e}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

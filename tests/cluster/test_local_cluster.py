@@ -1,0 +1,153 @@
+"""The test cluster is real: scheduling, garbage collection, admission and
+on-demand pod/node behaviour all come from the actual control plane + KWOK."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fixtures.cluster import Cluster
+
+pytestmark = pytest.mark.cluster
+FAKE_NODE = json.loads((Path(__file__).parents[2] / "dev/cluster/fake-gpu-node.json").read_text())
+
+
+def eventually(probe: Callable[[], Any], what: str, timeout: float = 60) -> Any:
+    """Polls until probe() returns something truthy; fails naming what never happened."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.25)
+
+
+def pod_manifest(name: str, gpus: int = 0, labels: dict[str, str] | None = None, **meta: Any) -> str:
+    resources = {"limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {}
+    return json.dumps({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels or {}, **meta},
+        "spec": {
+            "containers": [{"name": "main", "image": "busybox", "resources": resources}],
+            # Land only on KWOK's fake nodes, never on a local e2e node.
+            "nodeSelector": {"torchfleet.dev/fake-node": "true"},
+        },
+    })
+
+
+def pod(cluster: Cluster, ns: str, name: str) -> dict[str, Any]:
+    return cluster.get_json("pod", name, "-n", ns)
+
+
+def phase_is(cluster: Cluster, ns: str, name: str, phase: str) -> Callable[[], dict[str, Any] | None]:
+    def probe() -> dict[str, Any] | None:
+        p = pod(cluster, ns, name)
+        return p if p["status"].get("phase") == phase else None
+
+    return probe
+
+
+def test_pod_with_8_gpus_runs_on_a_fake_gpu_node(cluster: Cluster, namespace: str) -> None:
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=pod_manifest("eight", gpus=8))
+    running = eventually(phase_is(cluster, namespace, "eight", "Running"), "the 8-GPU pod to run")
+    node = cluster.get_json("node", running["spec"]["nodeName"])
+    assert node["metadata"]["labels"]["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    assert node["status"]["allocatable"]["nvidia.com/gpu"] == "8"
+    assert running["status"]["containerStatuses"][0]["state"]["running"]
+
+
+def test_pod_with_9_gpus_is_unschedulable(cluster: Cluster, namespace: str) -> None:
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=pod_manifest("nine", gpus=9))
+
+    def unschedulable() -> dict[str, Any] | None:
+        conditions = pod(cluster, namespace, "nine")["status"].get("conditions", [])
+        return next((c for c in conditions if c.get("reason") == "Unschedulable"), None)
+
+    condition = eventually(unschedulable, "the scheduler to mark the 9-GPU pod Unschedulable")
+    assert condition["type"] == "PodScheduled" and condition["status"] == "False"
+    assert "nvidia.com/gpu" in condition["message"]
+    assert pod(cluster, namespace, "nine")["status"]["phase"] == "Pending"
+
+
+def test_garbage_collector_deletes_owned_pods(cluster: Cluster, namespace: str) -> None:
+    owner = json.loads(cluster.kubectl(
+        "create", "configmap", "owner", "-n", namespace, "-o", "json").stdout)
+    ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner["metadata"]["uid"]}
+    cluster.kubectl("apply", "-n", namespace, "-f", "-",
+                    input=pod_manifest("owned", ownerReferences=[ref]))
+    eventually(phase_is(cluster, namespace, "owned", "Running"), "the owned pod to run")
+    cluster.kubectl("delete", "configmap", "owner", "-n", namespace)
+
+    def gone() -> bool:
+        return cluster.kubectl("get", "pod", "owned", "-n", namespace, check=False).returncode != 0
+
+    eventually(gone, "the garbage collector to delete the owned pod")
+
+
+@pytest.mark.parametrize(("exit_code", "reason"), [(137, "OOMKilled"), (3, "Error")])
+def test_on_demand_failure_sets_exit_code(
+    cluster: Cluster, namespace: str, exit_code: int, reason: str
+) -> None:
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=pod_manifest("victim"))
+    eventually(phase_is(cluster, namespace, "victim", "Running"), "the pod to run")
+    cluster.kubectl("annotate", "pod", "victim", "-n", namespace,
+                    f"torchfleet.dev/kwok-exit-code={exit_code}", f"torchfleet.dev/kwok-reason={reason}")
+    cluster.kubectl("label", "pod", "victim", "-n", namespace, "torchfleet.dev/kwok-fail=true")
+    failed = eventually(phase_is(cluster, namespace, "victim", "Failed"), "the pod to fail")
+    terminated = failed["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert terminated["exitCode"] == exit_code
+    assert terminated["reason"] == reason
+
+
+def test_on_demand_success(cluster: Cluster, namespace: str) -> None:
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=pod_manifest("done"))
+    eventually(phase_is(cluster, namespace, "done", "Running"), "the pod to run")
+    cluster.kubectl("label", "pod", "done", "-n", namespace, "torchfleet.dev/kwok-succeed=true")
+    succeeded = eventually(phase_is(cluster, namespace, "done", "Succeeded"), "the pod to succeed")
+    assert succeeded["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
+
+
+@pytest.fixture
+def spare_node(cluster: Cluster) -> Any:
+    """A node of its own, so making it NotReady disturbs no other test."""
+    name = f"gpu-chaos-{uuid.uuid4().hex[:6]}"
+    node = json.loads(json.dumps(FAKE_NODE).replace("NODE_NAME", name))
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(node))
+    yield name
+    cluster.kubectl("delete", "node", name, "--wait=false", check=False)
+
+
+def node_ready(cluster: Cluster, name: str) -> str | None:
+    conditions = cluster.get_json("node", name).get("status", {}).get("conditions", [])
+    return next((c["status"] for c in conditions if c["type"] == "Ready"), None)
+
+
+def test_on_demand_node_not_ready(cluster: Cluster, spare_node: str) -> None:
+    eventually(lambda: node_ready(cluster, spare_node) == "True", "the new node to become Ready")
+    cluster.kubectl("label", "node", spare_node, "torchfleet.dev/kwok-not-ready=true")
+    eventually(lambda: node_ready(cluster, spare_node) == "False", "the node to report NotReady")
+
+    def tainted() -> bool:
+        taints = cluster.get_json("node", spare_node)["spec"].get("taints", [])
+        return any(t["key"] == "node.kubernetes.io/not-ready" for t in taints)
+
+    # The node-lifecycle controller (a real controller-manager) reacts too.
+    eventually(tainted, "the node-lifecycle controller to taint the node not-ready")
+
+
+def test_apiserver_rejects_invalid_object_naming_the_field(cluster: Cluster, namespace: str) -> None:
+    bad = json.loads(pod_manifest("bad"))
+    bad["spec"]["containers"][0]["name"] = "Not_A_DNS_Label"
+    out = cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(bad), check=False)
+    assert out.returncode != 0
+    assert "spec.containers[0].name" in out.stderr
+    assert "Invalid value" in out.stderr
