@@ -1,0 +1,57 @@
+"""Names of the TrainingJob API that other code and manifests refer to."""
+
+from typing import Final
+
+GROUP: Final = "torchfleet.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "TrainingJob"
+LIST_KIND: Final = "TrainingJobList"
+PLURAL: Final = "trainingjobs"
+SINGULAR: Final = "trainingjob"
+SHORT_NAMES: Final = ("tj",)
+CATEGORIES: Final = ("all",)
+CRD_NAME: Final = f"{PLURAL}.{GROUP}"
+
+# Pod names are "<job>-worker-<index>" and must stay valid DNS labels (63
+# characters, they are also the pods' hostnames): 48 leaves room for the
+# longest role suffix with a four-digit index.
+MAX_JOB_NAME_LENGTH: Final = 48
+MAX_WORKERS: Final = 4095
+MAX_GPUS_PER_NODE: Final = 64
+
+# The container in a role's pod template that the operator merges its
+# defaults (image, command, env, resources, mounts) into.
+TRAINER_CONTAINER_NAME: Final = "trainer"
+DEFAULT_CHECKPOINT_MOUNT_PATH: Final = "/checkpoints"
+DEFAULT_GPU_RESOURCE: Final = "nvidia.com/gpu"
+
+# Kueue admits a suspended job whose pods carry this label.
+KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
+
+# status.phase values.
+PHASE_PENDING: Final = "Pending"
+PHASE_RUNNING: Final = "Running"
+PHASE_RESTARTING: Final = "Restarting"
+PHASE_SUSPENDED: Final = "Suspended"
+PHASE_SUCCEEDED: Final = "Succeeded"
+PHASE_FAILED: Final = "Failed"
+PHASES: Final = (
+    PHASE_PENDING,
+    PHASE_RUNNING,
+    PHASE_RESTARTING,
+    PHASE_SUSPENDED,
+    PHASE_SUCCEEDED,
+    PHASE_FAILED,
+)
+
+# status.conditions types (Kubernetes style: one condition per type).
+CONDITION_CREATED: Final = "Created"
+CONDITION_RUNNING: Final = "Running"
+CONDITION_RESTARTING: Final = "Restarting"
+CONDITION_SUSPENDED: Final = "Suspended"
+CONDITION_SUCCEEDED: Final = "Succeeded"
+CONDITION_FAILED: Final = "Failed"
+
+# Condition reason for a spec the operator rejects before creating any pod.
+REASON_INVALID_SPEC: Final = "InvalidSpec"

@@ -1,0 +1,67 @@
+"""Reading TrainingJobs from the API server into the models, and back."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from torchfleet_operator.api.base import RuleViolation
+from torchfleet_operator.api.v1alpha1 import TrainingJob, TrainingJobSpec
+
+
+class InvalidSpecError(ValueError):
+    """A TrainingJob the models reject. ``field`` is the first offending field's
+    dotted path (e.g. ``spec.worker.replicas``); the message lists every problem
+    as ``path: message``, ready for a condition with reason InvalidSpec."""
+
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        self.problems = problems
+        self.field = problems[0][0] if problems else ""
+        super().__init__("; ".join(f"{path}: {message}" for path, message in problems))
+
+
+def _join_path(loc: tuple[int | str, ...], prefix: str) -> str:
+    path = prefix
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += f".{part}" if path else part
+    return path
+
+
+def _problems(error: ValidationError, prefix: str) -> list[tuple[str, str]]:
+    problems = []
+    for item in error.errors(include_url=False):
+        path = _join_path(item["loc"], prefix)
+        cause = (item.get("ctx") or {}).get("error")
+        if isinstance(cause, RuleViolation) and cause.rule.field_path:
+            # A model-level rule blames one field below the model.
+            path += cause.rule.field_path
+        message = str(cause) if cause is not None else item["msg"]
+        problems.append((path, message.removeprefix("Value error, ")))
+    return problems
+
+
+def parse_training_job(raw: Mapping[str, Any]) -> TrainingJob:
+    """A TrainingJob (as read from the API server) as models with every default
+    applied; raises :class:`InvalidSpecError` naming the offending fields."""
+    try:
+        return TrainingJob.model_validate(dict(raw))
+    except ValidationError as error:
+        raise InvalidSpecError(_problems(error, "")) from None
+
+
+def parse_spec(raw: Mapping[str, Any]) -> TrainingJobSpec:
+    """Only ``spec``, for callers that hold it alone; paths start with ``spec``."""
+    try:
+        return TrainingJobSpec.model_validate(dict(raw))
+    except ValidationError as error:
+        raise InvalidSpecError(_problems(error, "spec")) from None
+
+
+def to_manifest(job: TrainingJob) -> dict[str, Any]:
+    """The job as plain JSON-ready data with camelCase keys, unset fields left out."""
+    return job.model_dump(mode="json", by_alias=True, exclude_none=True)

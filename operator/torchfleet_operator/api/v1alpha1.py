@@ -1,0 +1,826 @@
+"""TrainingJob v1alpha1: the models that are the only source of the CRD schema.
+
+Field names are Kubernetes-style camelCase on the wire (aliases) and
+snake_case in Python. Every field has a description: it becomes the
+``kubectl explain`` text. Cross-field rules are :class:`Rule` objects, written
+once as CEL for the API server and once in Python, side by side.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    StringConstraints,
+    WithJsonSchema,
+    field_validator,
+)
+from torchfleet_trainer.config import TrainConfig
+
+from torchfleet_operator.api import constants as c
+from torchfleet_operator.api.base import (
+    ApiModel,
+    DnsSubdomain,
+    LabelValue,
+    Quantity,
+    ResourceName,
+    Rule,
+    StatusModel,
+    section,
+    unique_list,
+)
+
+# ---- pod templates ----------------------------------------------------------------------
+
+
+class TemplateMetadata(ApiModel):
+    """Labels and annotations added to the role's pods."""
+
+    labels: dict[str, Annotated[str, StringConstraints(max_length=63)]] | None = Field(
+        None, max_length=64, description="Labels added to the pods (the operator's own win)."
+    )
+    annotations: dict[str, Annotated[str, StringConstraints(max_length=4096)]] | None = Field(
+        None, max_length=64, description="Annotations added to the pods."
+    )
+
+
+# The pod spec is kept as an open object on purpose: embedding the full
+# PodSpec schema would add ~10k lines to the CRD and pin it to one Kubernetes
+# version, while the API server validates every pod the operator creates from
+# it anyway (and the job then fails with the server's message).
+PodSpecFields = Annotated[
+    dict[str, Any],
+    WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
+]
+
+
+class PodTemplate(ApiModel):
+    """A pod template merged over the operator's defaults for this role."""
+
+    metadata: TemplateMetadata | None = Field(
+        None, description="Labels and annotations for the role's pods."
+    )
+    spec: PodSpecFields | None = Field(
+        None,
+        description="A core/v1 PodSpec merged over the operator's pod: fields such as "
+        "nodeSelector, tolerations, affinity, volumes, securityContext and "
+        "serviceAccountName are taken as given; the container named "
+        f"'{c.TRAINER_CONTAINER_NAME}' (created if absent) is merged with the job's "
+        "image, command, env, resources and mounts, its own values winning; other "
+        "containers are added as sidecars. Validated by the API server when the "
+        "operator creates the pods.",
+    )
+
+
+# ---- roles --------------------------------------------------------------------------------
+
+
+_ONE_MASTER = "master.replicas must be 1: a job has exactly one master"
+
+
+class MasterSpec(ApiModel):
+    """The master role: exactly one pod, node rank 0, the rendezvous address."""
+
+    replicas: int = Field(
+        1,
+        description="Number of master pods; always 1 (it hosts the rendezvous).",
+        json_schema_extra={
+            "x-kubernetes-validations": [{"rule": "self == 1", "message": _ONE_MASTER}]
+        },
+    )
+    template: PodTemplate | None = Field(
+        None, description="Pod template merged over the operator's defaults for the master."
+    )
+
+    @field_validator("replicas")
+    @classmethod
+    def _one_master(cls, replicas: int) -> int:
+        if replicas != 1:
+            raise ValueError(_ONE_MASTER)
+        return replicas
+
+
+class WorkerSpec(ApiModel):
+    """The worker role: node ranks 1..replicas."""
+
+    replicas: int = Field(
+        0, ge=0, le=c.MAX_WORKERS, description="Number of worker pods (one node each)."
+    )
+    template: PodTemplate | None = Field(
+        None, description="Pod template merged over the operator's defaults for workers."
+    )
+
+
+# ---- resources ----------------------------------------------------------------------------
+
+
+class ResourcesSpec(ApiModel):
+    """What each pod (one per node) requests and is limited to."""
+
+    gpus: int = Field(
+        0, ge=0, le=c.MAX_GPUS_PER_NODE, description="GPUs per pod (requests = limits)."
+    )
+    gpu_resource_name: ResourceName = Field(
+        c.DEFAULT_GPU_RESOURCE,
+        description="Extended resource that counts GPUs, e.g. nvidia.com/gpu or amd.com/gpu.",
+    )
+    cpu: Quantity | None = Field(None, description="CPU per pod, e.g. 8 or 7500m.")
+    memory: Quantity | None = Field(None, description="Memory per pod, e.g. 64Gi.")
+    shm_size: Quantity | None = Field(
+        None,
+        description="Size of the memory-backed /dev/shm (NCCL and data-loader workers need "
+        "more than the container runtime's 64Mi). Unset: as large as the pod's memory "
+        "limit allows.",
+    )
+
+
+_PROCESSES_PER_NODE = "processesPerNode must be an integer 1..1024, 'gpu' or 'auto'"
+
+
+def _check_processes_per_node(value: int | str) -> int | str:
+    if isinstance(value, int) and 1 <= value <= 1024:
+        return value
+    if value in ("gpu", "auto"):
+        return value
+    raise ValueError(_PROCESSES_PER_NODE)
+
+
+# processesPerNode: an integer, or "gpu"/"auto" (one per GPU; "auto" is 1 without GPUs).
+ProcessesPerNode = Annotated[
+    StrictInt | StrictStr,
+    AfterValidator(_check_processes_per_node),
+    WithJsonSchema(
+        {
+            "x-kubernetes-int-or-string": True,
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "x-kubernetes-validations": [
+                {
+                    "rule": "type(self) == int ? self >= 1 && self <= 1024 "
+                    ": self == 'gpu' || self == 'auto'",
+                    "message": _PROCESSES_PER_NODE,
+                }
+            ],
+        }
+    ),
+]
+
+
+# ---- network ------------------------------------------------------------------------------
+
+
+_NCCL_NAME = "^NCCL_[A-Z0-9_]+$"
+_NCCL_KEYS = "network.ncclEnv keys must be NCCL_* variable names (NCCL_ then A-Z, 0-9, _)"
+
+
+# Variables that a network field sets, so ncclEnv may not set them as well.
+_NCCL_VARIABLE_OF_FIELD = {
+    "socketInterface": "NCCL_SOCKET_IFNAME",
+    "ibHCAs": "NCCL_IB_HCA",
+    "gidIndex": "NCCL_IB_GID_INDEX",
+    "gpuDirectRDMALevel": "NCCL_NET_GDR_LEVEL",
+}
+_RDMA_FIELDS = ("ibHCAs", "gidIndex", "gpuDirectRDMALevel", "rdmaResources")
+
+
+def _wire_value(model: BaseModel, field: str) -> Any:
+    """A field's value looked up by its camelCase (wire) name."""
+    return model.model_dump(by_alias=True).get(field)
+
+
+def _nccl_env_leaves_alone(field: str, variable: str) -> Rule:
+    def check(network: NetworkSpec) -> bool:
+        return _wire_value(network, field) is None or variable not in (network.nccl_env or {})
+
+    return Rule(
+        cel=f"!has(self.{field}) || !has(self.ncclEnv) || !('{variable}' in self.ncclEnv)",
+        message=f"network.ncclEnv.{variable} conflicts with network.{field}: set one",
+        check=check,
+        field_path=".ncclEnv",
+    )
+
+
+def _needs_rdma_transport(field: str) -> Rule:
+    def check(network: NetworkSpec) -> bool:
+        return network.transport != "tcp" or _wire_value(network, field) is None
+
+    return Rule(
+        cel=f"self.transport != 'tcp' || !has(self.{field})",
+        message=f"network.{field} needs an RDMA transport, not transport tcp",
+        check=check,
+        field_path=f".{field}",
+    )
+
+
+class NetworkSpec(ApiModel):
+    """How ranks talk: transport, NICs, RDMA, NCCL environment."""
+
+    transport: Literal["auto", "tcp", "infiniband", "roce"] = Field(
+        "auto",
+        description="Inter-node transport. 'auto' lets NCCL pick; 'tcp' disables IB "
+        "(NCCL_IB_DISABLE=1); 'infiniband' and 'roce' require the IB transport.",
+    )
+    socket_interface: (
+        Annotated[str, StringConstraints(max_length=256, pattern=r"^[=^]?[\w.:-]+(,[\w.:-]+)*$")]
+        | None
+    ) = Field(
+        None,
+        description="Interface(s) for bootstrap and socket traffic, NCCL syntax "
+        "(e.g. eth0, ^lo,docker, =ib0); sets NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME.",
+    )
+    ib_hcas: (
+        list[Annotated[str, StringConstraints(max_length=64, pattern=r"^[\w.-]+(:[0-9]+)?$")]]
+        | None
+    ) = Field(
+        None,
+        alias="ibHCAs",
+        min_length=1,
+        max_length=32,
+        description="InfiniBand/RoCE adapters (and optional port) to use, e.g. mlx5_0:1; "
+        "sets NCCL_IB_HCA.",
+    )
+    gid_index: int | None = Field(
+        None, ge=0, le=255, description="RoCE GID index; sets NCCL_IB_GID_INDEX."
+    )
+    gpu_direct_rdma_level: Literal["LOC", "PIX", "PXB", "PHB", "SYS"] | None = Field(
+        None,
+        alias="gpuDirectRDMALevel",
+        description="Farthest PCI distance at which GPUDirect RDMA is used; sets "
+        "NCCL_NET_GDR_LEVEL.",
+    )
+    rdma_resources: dict[ResourceName, Annotated[int, Field(ge=1, le=1024)]] | None = Field(
+        None,
+        max_length=8,
+        description="RDMA device-plugin resources requested per pod, e.g. {rdma/ib: 8}.",
+    )
+    host_network: bool = Field(
+        False, description="Run the pods in the node's network namespace (opt-in)."
+    )
+    nccl_env: (
+        dict[
+            Annotated[str, StringConstraints(max_length=128)],
+            Annotated[str, StringConstraints(max_length=1024)],
+        ]
+        | None
+    ) = Field(
+        None,
+        max_length=64,
+        description="Extra NCCL_* environment variables for every pod; only the NCCL_ "
+        "prefix is accepted, and none that a field above sets.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": f"self.all(k, k.matches('{_NCCL_NAME}'))", "message": _NCCL_KEYS}
+            ]
+        },
+    )
+
+    @field_validator("nccl_env")
+    @classmethod
+    def _only_nccl_variables(cls, env: dict[str, str] | None) -> dict[str, str] | None:
+        if env is not None and not all(re.fullmatch(_NCCL_NAME, key) for key in env):
+            raise ValueError(_NCCL_KEYS)
+        return env
+
+    rules = (
+        *(_nccl_env_leaves_alone(field, var) for field, var in _NCCL_VARIABLE_OF_FIELD.items()),
+        *(_needs_rdma_transport(field) for field in _RDMA_FIELDS),
+    )
+
+
+# ---- checkpoints --------------------------------------------------------------------------
+
+AccessMode = Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"]
+
+
+class ClaimTemplate(ApiModel):
+    """A PersistentVolumeClaim the operator creates for the job and owns."""
+
+    storage_class_name: DnsSubdomain | None = Field(
+        None, description="StorageClass of the claim; unset uses the cluster default."
+    )
+    size: Quantity = Field(description="Requested capacity, e.g. 500Gi.")
+    access_modes: unique_list(AccessMode) = Field(  # type: ignore[valid-type]
+        default_factory=lambda: ["ReadWriteMany"],
+        min_length=1,
+        max_length=3,
+        description="Access modes; every node writes its shards, so more than one node "
+        "needs ReadWriteMany.",
+    )
+    retention_policy: Literal["Delete", "Retain"] = Field(
+        "Delete",
+        description="Delete: the claim goes with the job (owner reference). Retain: it "
+        "outlives the job, for a later job to resume from.",
+    )
+
+
+class CheckpointSpec(ApiModel):
+    """Where checkpoints live and how often they are written."""
+
+    claim_name: DnsSubdomain | None = Field(
+        None, description="An existing PersistentVolumeClaim to mount."
+    )
+    claim_template: ClaimTemplate | None = Field(
+        None, description="A claim the operator creates and owns."
+    )
+    mount_path: Annotated[
+        str, StringConstraints(max_length=1024, pattern=r"^(/[A-Za-z0-9._-]+)+$")
+    ] = Field(
+        c.DEFAULT_CHECKPOINT_MOUNT_PATH,
+        description="Absolute path of the volume in every pod; exported as "
+        "TORCHFLEET_CHECKPOINT_DIR.",
+    )
+    interval_steps: int | None = Field(
+        None,
+        ge=1,
+        le=10_000_000,
+        description="Save every this many steps; for torchfleet-train it overrides "
+        "trainer.checkpoint.interval (set one of the two).",
+    )
+    keep_last: int | None = Field(
+        None,
+        ge=1,
+        le=1000,
+        description="Complete checkpoints kept; for torchfleet-train it overrides "
+        "trainer.checkpoint.keepLast (set one of the two).",
+    )
+
+    rules = (
+        Rule(
+            cel="has(self.claimName) != has(self.claimTemplate)",
+            message="checkpoint: set exactly one of claimName (an existing claim) and "
+            "claimTemplate (a claim the operator creates)",
+            check=lambda s: (s.claim_name is None) != (s.claim_template is None),
+            field_path=".claimName",
+        ),
+    )
+
+
+# ---- run policy ---------------------------------------------------------------------------
+
+ExitCode = Annotated[int, Field(ge=1, le=255)]
+
+
+class RunPolicy(ApiModel):
+    """Restarts, deadlines and clean-up."""
+
+    backoff_limit: int = Field(
+        3,
+        ge=0,
+        le=1000,
+        description="Gang restarts allowed before the job fails; every restart recreates "
+        "all pods and resumes from the last checkpoint.",
+    )
+    restart_policy: Literal["OnFailure", "Never", "ExitCode"] = Field(
+        "OnFailure",
+        description="OnFailure: any failure restarts the gang. Never: the first failure "
+        "fails the job. ExitCode: exit codes 1-127 are permanent (the job fails), 128 and "
+        "above (signals: OOM kill, preemption) are retryable.",
+    )
+    retryable_exit_codes: unique_list(ExitCode) | None = Field(  # type: ignore[valid-type]
+        None,
+        max_length=255,
+        description="Exit codes that always restart the gang, overriding restartPolicy's "
+        "classification.",
+    )
+    permanent_exit_codes: unique_list(ExitCode) | None = Field(  # type: ignore[valid-type]
+        None,
+        max_length=255,
+        description="Exit codes that always fail the job, overriding restartPolicy's "
+        "classification.",
+    )
+    active_deadline_seconds: int | None = Field(
+        None,
+        ge=1,
+        le=2**31 - 1,
+        description="Fail the job this long after it started running, restarts included.",
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        None,
+        ge=0,
+        le=2**31 - 1,
+        description="Delete the job this long after it succeeded or failed.",
+    )
+    clean_pod_policy: Literal["All", "Running", "None"] = Field(
+        "Running",
+        description="Pods deleted when the job finishes: All, Running (still running ones; "
+        "finished pods stay for their logs) or None.",
+    )
+    success_policy: Literal["Master", "AllWorkers"] = Field(
+        "Master",
+        description="Master: the job succeeds when the master pod succeeds. AllWorkers: "
+        "when the master and every worker have succeeded.",
+    )
+
+    rules = (
+        Rule(
+            cel="!has(self.retryableExitCodes) || !has(self.permanentExitCodes) || "
+            "!self.retryableExitCodes.exists(x, x in self.permanentExitCodes)",
+            message="runPolicy: an exit code cannot be in both retryableExitCodes and "
+            "permanentExitCodes",
+            check=lambda r: (
+                not set(r.retryable_exit_codes or ()) & set(r.permanent_exit_codes or ())
+            ),
+            field_path=".retryableExitCodes",
+        ),
+        Rule(
+            cel="self.restartPolicy != 'Never' || !has(self.retryableExitCodes)",
+            message="runPolicy.retryableExitCodes cannot be used with restartPolicy Never",
+            check=lambda r: r.restart_policy != "Never" or r.retryable_exit_codes is None,
+            field_path=".retryableExitCodes",
+        ),
+    )
+
+
+# ---- scheduling ---------------------------------------------------------------------------
+
+
+class TopologySpec(ApiModel):
+    """Pack the job's pods into one topology domain (rack, block, zone)."""
+
+    key: Annotated[str, StringConstraints(min_length=1, max_length=317)] = Field(
+        description="Node label naming the domain, e.g. topology.kubernetes.io/zone or "
+        "cloud.provider.com/topology-block."
+    )
+    mode: Literal["Preferred", "Required"] = Field(
+        "Preferred",
+        description="Preferred: a scheduling preference. Required: all pods in one domain "
+        "or none are scheduled.",
+    )
+
+
+class SchedulingSpec(ApiModel):
+    """Which scheduler places the pods and how they are gang-scheduled."""
+
+    scheduler_name: DnsSubdomain | None = Field(
+        None,
+        description="Scheduler for the pods; unset: 'volcano' with podGroup Volcano, "
+        "otherwise the cluster default.",
+    )
+    pod_group: Literal["None", "Coscheduling", "Volcano"] = Field(
+        "None",
+        description="Gang scheduling: the PodGroup kind created for the job, with "
+        "minMember = every pod of the job. Coscheduling: scheduler-plugins' "
+        "scheduling.x-k8s.io PodGroup; Volcano: scheduling.volcano.sh PodGroup.",
+    )
+    schedule_timeout_seconds: int | None = Field(
+        None,
+        ge=1,
+        le=2**31 - 1,
+        description="How long the gang may wait to be scheduled as a whole (PodGroup).",
+    )
+    queue_name: LabelValue | None = Field(
+        None,
+        description=f"Queue to admit the job from: set as the {c.KUEUE_QUEUE_LABEL} label "
+        "and, with podGroup Volcano, the PodGroup's queue.",
+    )
+    priority_class_name: DnsSubdomain | None = Field(
+        None, description="PriorityClass of the pods (and of the PodGroup)."
+    )
+    topology: TopologySpec | None = Field(
+        None, description="Topology packing hint for the whole gang."
+    )
+
+    rules = (
+        Rule(
+            cel="self.podGroup != 'None' || !has(self.scheduleTimeoutSeconds)",
+            message="scheduling.scheduleTimeoutSeconds needs a podGroup (Coscheduling or Volcano)",
+            check=lambda s: s.pod_group != "None" or s.schedule_timeout_seconds is None,
+            field_path=".scheduleTimeoutSeconds",
+        ),
+    )
+
+
+# ---- the spec -----------------------------------------------------------------------------
+
+# Fields that shape the pods: changing them would need new pods, so they may
+# change only while the job is suspended (Kueue rewrites them then).
+IMMUTABLE_WHILE_RUNNING = (
+    "image",
+    "processesPerNode",
+    "resources",
+    "master",
+    "worker",
+    "network",
+    "checkpoint",
+    "trainer",
+    "command",
+    "args",
+)
+
+_GPUS = "(self.resources.gpus > 0 ? self.resources.gpus : 1)"
+_PROCS = f"(type(self.processesPerNode) == int ? self.processesPerNode : {_GPUS})"
+_WORLD = f"((1 + self.worker.replicas) * {_PROCS})"
+_PARALLEL = "self.trainer.?parallel"
+_FIXED = (
+    f"({_PARALLEL}.?dataParallelReplicate.orValue(1) * {_PARALLEL}.?tensor.orValue(1)"
+    f" * {_PARALLEL}.?pipeline.orValue(1))"
+)
+_SHARD = f"{_PARALLEL}.?dataParallelShard.orValue(-1)"
+
+
+def _degrees_fit_world(spec: TrainingJobSpec) -> bool:
+    if spec.trainer is None:
+        return True
+    parallel = spec.trainer.parallel
+    fixed = parallel.data_parallel_replicate * parallel.tensor * parallel.pipeline
+    if parallel.data_parallel_shard == -1:
+        return spec.world_size % fixed == 0
+    return fixed * parallel.data_parallel_shard == spec.world_size
+
+
+def _interval_in_one_place(spec: TrainingJobSpec, spec_attr: str, trainer_field: str) -> bool:
+    if spec.checkpoint is None or getattr(spec.checkpoint, spec_attr) is None:
+        return True
+    return spec.trainer is None or trainer_field not in spec.trainer.checkpoint.model_fields_set
+
+
+class TrainingJobSpec(ApiModel):
+    """A gang of one master and N workers running distributed PyTorch."""
+
+    image: Annotated[str, StringConstraints(min_length=1, max_length=512)] | None = Field(
+        None,
+        description="Container image of every pod; unset: the trainer image the operator "
+        "is configured with. A role's template may override it.",
+    )
+    processes_per_node: ProcessesPerNode = Field(
+        "auto",
+        description="Processes (ranks) per pod: an integer, 'gpu' (one per GPU) or 'auto' "
+        "(one per GPU, 1 without GPUs).",
+    )
+    resources: ResourcesSpec = section(ResourcesSpec, "Resources of every pod (one per node).")
+    master: MasterSpec = section(MasterSpec, "The master role (node rank 0).")
+    worker: WorkerSpec = section(WorkerSpec, "The worker role (node ranks 1..replicas).")
+    trainer: TrainConfig | None = Field(
+        None,
+        description="Config of the built-in trainer (torchfleet-train), which runs when "
+        "no command is given; unset: the trainer's defaults.",
+    )
+    command: list[Annotated[str, StringConstraints(max_length=4096)]] | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        description="Bring your own entrypoint instead of torchfleet-train, e.g. "
+        "[torchrun, train.py]; torchrun reads its PET_* variables from the pod.",
+    )
+    args: list[Annotated[str, StringConstraints(max_length=4096)]] | None = Field(
+        None, max_length=256, description="Arguments to command."
+    )
+    network: NetworkSpec = section(NetworkSpec, "Transport, NICs, RDMA and NCCL settings.")
+    checkpoint: CheckpointSpec | None = Field(
+        None, description="Checkpoint volume and cadence; unset: no checkpoint volume."
+    )
+    run_policy: RunPolicy = section(RunPolicy, "Restarts, deadlines and clean-up.")
+    scheduling: SchedulingSpec = section(SchedulingSpec, "Scheduler, gang, queue, priority.")
+    suspend: bool = Field(
+        False,
+        description="Suspended jobs have no pods (running ones are deleted); Kueue "
+        "unsuspends a job when it admits it.",
+    )
+
+    rules = (
+        Rule(
+            cel="!has(self.trainer) || !has(self.command)",
+            message="set spec.trainer (torchfleet-train) or spec.command (your own "
+            "entrypoint), not both",
+            check=lambda s: s.trainer is None or s.command is None,
+            field_path=".command",
+        ),
+        Rule(
+            cel="!has(self.args) || has(self.command)",
+            message="spec.args needs spec.command",
+            check=lambda s: s.args is None or s.command is not None,
+            field_path=".args",
+        ),
+        Rule(
+            cel="self.processesPerNode != 'gpu' || self.resources.gpus > 0",
+            message="processesPerNode 'gpu' needs resources.gpus > 0",
+            check=lambda s: s.processes_per_node != "gpu" or s.resources.gpus > 0,
+            field_path=".processesPerNode",
+        ),
+        Rule(
+            cel="self.runPolicy.successPolicy != 'AllWorkers' || self.worker.replicas > 0",
+            message="runPolicy.successPolicy AllWorkers needs worker.replicas > 0",
+            check=lambda s: s.run_policy.success_policy != "AllWorkers" or s.worker.replicas > 0,
+            field_path=".runPolicy.successPolicy",
+        ),
+        Rule(
+            cel=f"!has(self.trainer) || ({_SHARD} == -1 ? {_WORLD} % {_FIXED} == 0 "
+            f": {_FIXED} * {_SHARD} == {_WORLD})",
+            message="trainer.parallel: dataParallelReplicate x dataParallelShard x tensor x "
+            "pipeline must equal the world size (nodes x processesPerNode)",
+            check=_degrees_fit_world,
+            field_path=".trainer.parallel",
+        ),
+        Rule(
+            cel="!has(self.checkpoint) || !has(self.checkpoint.intervalSteps) || "
+            "!has(self.trainer) || !has(self.trainer.checkpoint) || "
+            "!has(self.trainer.checkpoint.interval)",
+            message="set checkpoint.intervalSteps or trainer.checkpoint.interval, not both",
+            check=lambda s: _interval_in_one_place(s, "interval_steps", "interval"),
+            field_path=".checkpoint.intervalSteps",
+        ),
+        Rule(
+            cel="!has(self.checkpoint) || !has(self.checkpoint.keepLast) || "
+            "!has(self.trainer) || !has(self.trainer.checkpoint) || "
+            "!has(self.trainer.checkpoint.keepLast)",
+            message="set checkpoint.keepLast or trainer.checkpoint.keepLast, not both",
+            check=lambda s: _interval_in_one_place(s, "keep_last", "keep_last"),
+            field_path=".checkpoint.keepLast",
+        ),
+        *(
+            Rule(
+                cel=f"oldSelf.suspend || self.?{field} == oldSelf.?{field}",
+                message=f"spec.{field} may change only while the job is suspended",
+                check=None,
+                field_path=f".{field}",
+                reason="FieldValueForbidden",
+            )
+            for field in IMMUTABLE_WHILE_RUNNING
+        ),
+    )
+
+    # ---- derived values the operator uses ----
+
+    @property
+    def nodes(self) -> int:
+        """Pods (= nodes) in the gang: the master plus the workers."""
+        return self.master.replicas + self.worker.replicas
+
+    @property
+    def resolved_processes_per_node(self) -> int:
+        """Ranks per pod: 'gpu'/'auto' mean one per GPU; 'auto' is 1 on CPU."""
+        if isinstance(self.processes_per_node, int):
+            return self.processes_per_node
+        return self.resources.gpus if self.resources.gpus > 0 else 1
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.resolved_processes_per_node
+
+    @property
+    def runs_trainer(self) -> bool:
+        """True when the pods run torchfleet-train (no command of the user's own)."""
+        return self.command is None
+
+
+# ---- status -------------------------------------------------------------------------------
+
+
+class Condition(StatusModel):
+    """A Kubernetes-style condition (metav1.Condition)."""
+
+    type: Annotated[str, StringConstraints(max_length=316)] = Field(
+        description="Condition type: Created, Running, Restarting, Suspended, Succeeded, Failed."
+    )
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: Annotated[str, StringConstraints(max_length=1024)] | None = Field(
+        None, description="CamelCase reason for the last transition, e.g. InvalidSpec."
+    )
+    message: Annotated[str, StringConstraints(max_length=32768)] | None = Field(
+        None, description="Human-readable details."
+    )
+    last_transition_time: datetime | None = Field(None, description="When status last changed.")
+    observed_generation: int | None = Field(
+        None, ge=0, description="metadata.generation the condition was computed from."
+    )
+
+
+class ReplicaStatus(StatusModel):
+    """Pod counts of one role."""
+
+    active: int = Field(0, ge=0, description="Pods pending or running.")
+    ready: int = Field(0, ge=0, description="Pods running and ready.")
+    succeeded: int = Field(0, ge=0, description="Pods that exited 0.")
+    failed: int = Field(0, ge=0, description="Pods that failed.")
+
+
+class ReplicaStatuses(StatusModel):
+    """Pod counts per role."""
+
+    master: ReplicaStatus = Field(default_factory=ReplicaStatus, description="The master.")
+    worker: ReplicaStatus = Field(default_factory=ReplicaStatus, description="The workers.")
+
+
+class CheckpointStatus(StatusModel):
+    """The newest complete checkpoint."""
+
+    step: int = Field(ge=0, description="Training step the checkpoint holds.")
+    time: datetime | None = Field(None, description="When it was completed.")
+    path: Annotated[str, StringConstraints(max_length=4096)] | None = Field(
+        None, description="Its directory inside the checkpoint volume."
+    )
+
+
+class ProgressStatus(StatusModel):
+    """Training progress, as last reported by the trainer."""
+
+    step: int = Field(0, ge=0, description="Optimizer steps done.")
+    total_steps: int | None = Field(None, ge=0, description="Steps the run will take.")
+    percent: int | None = Field(None, ge=0, le=100, description="step / totalSteps, in %.")
+    loss: float | None = Field(None, description="Most recent training loss.")
+    tokens_per_second: float | None = Field(
+        None, ge=0, description="Training throughput over the whole gang."
+    )
+    eta_seconds: int | None = Field(None, ge=0, description="Estimated time to finish.")
+    update_time: datetime | None = Field(None, description="When this was observed.")
+
+
+class TrainingJobStatus(StatusModel):
+    """What the operator observed; written only by the operator."""
+
+    phase: (
+        Literal["Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed"] | None
+    ) = Field(
+        None,
+        description="Pending, Running, Restarting, Suspended, Succeeded or Failed.",
+    )
+    conditions: list[Condition] | None = Field(
+        None,
+        max_length=16,
+        description="Latest observations, one per type.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+        },
+    )
+    replica_statuses: ReplicaStatuses | None = Field(None, description="Pod counts per role.")
+    nodes_ready: Annotated[str, StringConstraints(max_length=32)] | None = Field(
+        None, description="Ready pods / pods in the gang, e.g. 3/4 (one pod per node)."
+    )
+    restart_count: int = Field(0, ge=0, description="Gang restarts so far.")
+    start_time: datetime | None = Field(None, description="When the job first ran.")
+    completion_time: datetime | None = Field(None, description="When the job succeeded or failed.")
+    last_checkpoint: CheckpointStatus | None = Field(
+        None, description="The newest complete checkpoint."
+    )
+    progress: ProgressStatus | None = Field(None, description="Training progress.")
+    observed_generation: int | None = Field(
+        None, ge=0, description="metadata.generation last reconciled."
+    )
+
+
+# ---- the object ---------------------------------------------------------------------------
+
+
+class ObjectMeta(BaseModel):
+    """The parts of metadata the operator reads; everything else is kept."""
+
+    model_config = ConfigDict(alias_generator=None, populate_by_name=True, extra="allow")
+
+    name: str | None = None
+    namespace: str | None = None
+    uid: str | None = None
+    generation: int | None = None
+    resource_version: str | None = Field(None, alias="resourceVersion")
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+
+
+_NAME_FORMAT = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
+
+
+def _name_fits(job: TrainingJob) -> bool:
+    name = job.metadata.name
+    return name is None or len(name) <= c.MAX_JOB_NAME_LENGTH
+
+
+def _name_is_dns_label(job: TrainingJob) -> bool:
+    name = job.metadata.name
+    return name is None or re.fullmatch(_NAME_FORMAT, name) is not None
+
+
+class TrainingJob(ApiModel):
+    """Distributed PyTorch training: a gang of master and worker pods wired for
+    torch.distributed, restarted as a whole and resumed from checkpoints."""
+
+    api_version: Literal["torchfleet.dev/v1alpha1"] = Field(
+        "torchfleet.dev/v1alpha1", description="torchfleet.dev/v1alpha1"
+    )
+    kind: Literal["TrainingJob"] = Field("TrainingJob", description="TrainingJob")
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta, description="Standard metadata.")
+    spec: TrainingJobSpec = Field(description="What to run and how.")
+    status: TrainingJobStatus | None = Field(None, description="What the operator observed.")
+
+    rules = (
+        Rule(
+            cel=f"size(self.metadata.name) <= {c.MAX_JOB_NAME_LENGTH}",
+            message=f"metadata.name must be at most {c.MAX_JOB_NAME_LENGTH} characters "
+            "(pod names and hostnames are derived from it)",
+            check=_name_fits,
+            field_path=".metadata.name",
+        ),
+        Rule(
+            cel=f"self.metadata.name.matches('{_NAME_FORMAT}')",
+            message="metadata.name must be a DNS label starting with a letter (it names "
+            "the job's Service)",
+            check=_name_is_dns_label,
+            field_path=".metadata.name",
+        ),
+    )
