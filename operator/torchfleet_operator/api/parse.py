@@ -39,7 +39,7 @@ def _problems(error: ValidationError, prefix: str) -> list[tuple[str, str]]:
         cause = (item.get("ctx") or {}).get("error")
         if isinstance(cause, RuleViolation) and cause.rule.field_path:
             # A model-level rule blames one field below the model.
-            path += cause.rule.field_path
+            path = (path + cause.rule.field_path).lstrip(".")
         message = str(cause) if cause is not None else item["msg"]
         problems.append((path, message.removeprefix("Value error, ")))
     return problems

@@ -340,15 +340,16 @@ class CheckpointSpec(ApiModel):
         None,
         ge=1,
         le=10_000_000,
-        description="Save every this many steps; for torchfleet-train it overrides "
-        "trainer.checkpoint.interval (set one of the two).",
+        description="Save every this many steps; exported to the pods as "
+        "TORCHFLEET_CHECKPOINT_INTERVAL and, for torchfleet-train, taking precedence over "
+        "trainer.checkpoint.interval.",
     )
     keep_last: int | None = Field(
         None,
         ge=1,
         le=1000,
-        description="Complete checkpoints kept; for torchfleet-train it overrides "
-        "trainer.checkpoint.keepLast (set one of the two).",
+        description="Complete checkpoints kept; exported as TORCHFLEET_CHECKPOINT_KEEP and, "
+        "for torchfleet-train, taking precedence over trainer.checkpoint.keepLast.",
     )
 
     rules = (
@@ -535,12 +536,6 @@ def _degrees_fit_world(spec: TrainingJobSpec) -> bool:
     return fixed * parallel.data_parallel_shard == spec.world_size
 
 
-def _interval_in_one_place(spec: TrainingJobSpec, spec_attr: str, trainer_field: str) -> bool:
-    if spec.checkpoint is None or getattr(spec.checkpoint, spec_attr) is None:
-        return True
-    return spec.trainer is None or trainer_field not in spec.trainer.checkpoint.model_fields_set
-
-
 class TrainingJobSpec(ApiModel):
     """A gang of one master and N workers running distributed PyTorch."""
 
@@ -617,22 +612,6 @@ class TrainingJobSpec(ApiModel):
             "pipeline must equal the world size (nodes x processesPerNode)",
             check=_degrees_fit_world,
             field_path=".trainer.parallel",
-        ),
-        Rule(
-            cel="!has(self.checkpoint) || !has(self.checkpoint.intervalSteps) || "
-            "!has(self.trainer) || !has(self.trainer.checkpoint) || "
-            "!has(self.trainer.checkpoint.interval)",
-            message="set checkpoint.intervalSteps or trainer.checkpoint.interval, not both",
-            check=lambda s: _interval_in_one_place(s, "interval_steps", "interval"),
-            field_path=".checkpoint.intervalSteps",
-        ),
-        Rule(
-            cel="!has(self.checkpoint) || !has(self.checkpoint.keepLast) || "
-            "!has(self.trainer) || !has(self.trainer.checkpoint) || "
-            "!has(self.trainer.checkpoint.keepLast)",
-            message="set checkpoint.keepLast or trainer.checkpoint.keepLast, not both",
-            check=lambda s: _interval_in_one_place(s, "keep_last", "keep_last"),
-            field_path=".checkpoint.keepLast",
         ),
         *(
             Rule(

@@ -1,0 +1,139 @@
+"""CEL mirrors of the trainer config's own cross-field checks.
+
+``TrainConfig`` (owned by the trainer package) checks these in Python; the CRD
+generator attaches them to the embedded trainer schema so ``kubectl apply``
+rejects the same configs. The embedded schema carries no defaults (the trainer
+image owns them), so each rule reads an unset field as the model's default,
+taken from the model itself rather than copied.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel
+from torchfleet_trainer.config import (
+    DataConfig,
+    ModelConfig,
+    ParallelConfig,
+    TrainingConfig,
+)
+
+
+def _or_default(path: str, model: type[BaseModel], field: str) -> str:
+    """CEL for ``path.field``, or the model's default when the field is unset."""
+    info = model.model_fields[field]
+    wire = info.alias or field
+    return f"{path}.?{wire}.orValue({json.dumps(info.default)})"
+
+
+def _rule(cel: str, message: str, field_path: str | None = None) -> dict[str, str]:
+    rule = {"rule": cel, "message": message}
+    if field_path:
+        rule["fieldPath"] = field_path
+    return rule
+
+
+def _model_rules() -> list[dict[str, str]]:
+    dim = _or_default("self", ModelConfig, "dim")
+    heads = _or_default("self", ModelConfig, "heads")
+    arch = _or_default("self", ModelConfig, "architecture")
+    return [
+        _rule(f"{dim} % {heads} == 0", "trainer.model.dim must be divisible by heads", ".dim"),
+        _rule(
+            f"!has(self.kvHeads) || {heads} % self.kvHeads == 0",
+            "trainer.model.kvHeads must divide heads",
+            ".kvHeads",
+        ),
+        _rule(
+            f"{arch} != 'llama' || ({dim} / {heads}) % 2 == 0",
+            "trainer.model: llama's RoPE needs an even head dimension (dim / heads)",
+            ".dim",
+        ),
+    ]
+
+
+def _data_rules() -> list[dict[str, str]]:
+    kind = _or_default("self", DataConfig, "kind")
+    return [
+        _rule(
+            f"!({kind} in ['char', 'tokens']) || (has(self.path) && size(self.path) > 0)",
+            "trainer.data.path is required when data.kind is char or tokens",
+            ".path",
+        )
+    ]
+
+
+def _training_rules() -> list[dict[str, str]]:
+    batch = _or_default("self", TrainingConfig, "global_batch_size")
+    accum = _or_default("self", TrainingConfig, "grad_accum_steps")
+    return [
+        _rule(
+            f"{batch} % {accum} == 0",
+            "trainer.training.globalBatchSize must be divisible by gradAccumSteps",
+            ".globalBatchSize",
+        )
+    ]
+
+
+def _parallel_rules() -> list[dict[str, str]]:
+    shard = _or_default("self", ParallelConfig, "data_parallel_shard")
+    return [
+        _rule(
+            f"{shard} != 0",
+            "trainer.parallel.dataParallelShard must be -1 or >= 1",
+            ".dataParallelShard",
+        )
+    ]
+
+
+def _config_rules() -> list[dict[str, str]]:
+    seq_len = _or_default("self.?data", DataConfig, "seq_len")
+    max_seq = _or_default("self.?model", ModelConfig, "max_seq_len")
+    heads = _or_default("self.?model", ModelConfig, "heads")
+    kv_heads = f"self.?model.?kvHeads.orValue({heads})"
+    layers = _or_default("self.?model", ModelConfig, "layers")
+    tensor = _or_default("self.?parallel", ParallelConfig, "tensor")
+    pipeline = _or_default("self.?parallel", ParallelConfig, "pipeline")
+    schedule = _or_default("self.?parallel", ParallelConfig, "pipeline_schedule")
+    per_rank = _or_default("self.?parallel", ParallelConfig, "stages_per_rank")
+    stages = f"({pipeline} * ({schedule} == 'interleaved_1f1b' ? {per_rank} : 1))"
+    builtin = "!has(self.model) || !has(self.model.importPath)"
+    return [
+        _rule(
+            f"{seq_len} <= {max_seq}",
+            "trainer.data.seqLen must not exceed model.maxSeqLen",
+            ".data",
+        ),
+        _rule(
+            f"!({builtin}) || ({heads} % {tensor} == 0 && {kv_heads} % {tensor} == 0)",
+            "trainer.parallel.tensor must divide model.heads and model.kvHeads",
+            ".parallel",
+        ),
+        _rule(
+            f"{stages} <= {layers}",
+            "trainer.parallel: pipeline stages (pipeline x stagesPerRank) exceed model.layers",
+            ".parallel",
+        ),
+    ]
+
+
+def trainer_rules() -> dict[tuple[str, ...], list[dict[str, str]]]:
+    """Rules by schema path below ``spec.trainer`` (() is the trainer object)."""
+    return {
+        (): _config_rules(),
+        ("model",): _model_rules(),
+        ("data",): _data_rules(),
+        ("training",): _training_rules(),
+        ("parallel",): _parallel_rules(),
+    }
+
+
+def attach(trainer_schema: dict[str, Any]) -> None:
+    """Adds the rules to a structural trainer schema in place."""
+    for path, rules in trainer_rules().items():
+        node = trainer_schema
+        for part in path:
+            node = node["properties"][part]
+        node.setdefault("x-kubernetes-validations", []).extend(rules)

@@ -1,0 +1,240 @@
+"""Manifest builders and the table of invalid TrainingJobs, shared by the unit
+tests (the models) and the cluster tests (the real API server): both must
+reject every case and name the same field."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchfleet_operator.api import API_VERSION, KIND
+
+Manifest = dict[str, Any]
+
+
+def job(name: str = "tj-case", spec: Manifest | None = None) -> Manifest:
+    """A minimal valid TrainingJob, with ``spec`` merged in."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": name},
+        "spec": copy.deepcopy(spec) if spec else {},
+    }
+
+
+def nested(path: str, value: Any) -> Manifest:
+    """``nested("a.b", 1)`` is ``{"a": {"b": 1}}``."""
+    *parents, leaf = path.split(".")
+    result: Manifest = {leaf: value}
+    for parent in reversed(parents):
+        result = {parent: result}
+    return result
+
+
+def merge(*parts: Manifest) -> Manifest:
+    """Deep-merges spec fragments, later ones winning."""
+    result: Manifest = {}
+    for part in parts:
+        for key, value in part.items():
+            if isinstance(value, dict) and isinstance(result.get(key), dict):
+                result[key] = merge(result[key], value)
+            else:
+                result[key] = copy.deepcopy(value)
+    return result
+
+
+@dataclass(frozen=True)
+class Invalid:
+    """A spec that must be rejected, and the field the error must name."""
+
+    id: str
+    spec: Manifest
+    field: str
+    name: str = "tj-case"
+    extra: Manifest = field(default_factory=dict)
+
+    def manifest(self) -> Manifest:
+        return job(self.name, self.spec)
+
+
+def _case(id: str, field: str, *parts: Manifest, name: str = "tj-case") -> Invalid:
+    return Invalid(id=id, spec=merge(*parts), field=field, name=name)
+
+
+TWO_GPUS = nested("resources.gpus", 2)
+CLAIM = {"claimTemplate": {"size": "10Gi"}}
+
+INVALID: tuple[Invalid, ...] = (
+    _case("master-replicas-2", "spec.master.replicas", nested("master.replicas", 2)),
+    _case("worker-replicas-negative", "spec.worker.replicas", nested("worker.replicas", -1)),
+    _case("worker-replicas-too-many", "spec.worker.replicas", nested("worker.replicas", 5000)),
+    _case("worker-replicas-string", "spec.worker.replicas", nested("worker.replicas", "3")),
+    _case("processes-zero", "spec.processesPerNode", {"processesPerNode": 0}),
+    _case("processes-word", "spec.processesPerNode", {"processesPerNode": "eight"}),
+    _case("processes-gpu-without-gpus", "spec.processesPerNode", {"processesPerNode": "gpu"}),
+    _case("gpus-too-many", "spec.resources.gpus", nested("resources.gpus", 65)),
+    _case("memory-not-quantity", "spec.resources.memory", nested("resources.memory", "lots")),
+    _case("cpu-negative", "spec.resources.cpu", nested("resources.cpu", -1)),
+    _case(
+        "gpu-resource-unqualified",
+        "spec.resources.gpuResourceName",
+        nested("resources.gpuResourceName", "gpu"),
+    ),
+    _case("image-empty", "spec.image", {"image": ""}),
+    _case("unknown-field", "spec.workers", {"workers": {"replicas": 2}}),
+    _case("trainer-and-command", "spec.command", {"trainer": {}, "command": ["python"]}),
+    _case("args-without-command", "spec.args", {"args": ["--epochs", "3"]}),
+    _case("command-empty", "spec.command", {"command": []}),
+    _case("transport-unknown", "spec.network.transport", nested("network.transport", "ethernet")),
+    _case(
+        "nccl-env-foreign-key",
+        "spec.network.ncclEnv",
+        nested("network.ncclEnv", {"OMP_NUM_THREADS": "4"}),
+    ),
+    _case(
+        "nccl-env-lowercase",
+        "spec.network.ncclEnv",
+        nested("network.ncclEnv", {"NCCL_debug": "INFO"}),
+    ),
+    _case(
+        "nccl-env-overrides-field",
+        "spec.network.ncclEnv",
+        {"network": {"socketInterface": "eth0", "ncclEnv": {"NCCL_SOCKET_IFNAME": "eth1"}}},
+    ),
+    _case(
+        "tcp-with-hcas",
+        "spec.network.ibHCAs",
+        {"network": {"transport": "tcp", "ibHCAs": ["mlx5_0"]}},
+    ),
+    _case("gid-index-range", "spec.network.gidIndex", nested("network.gidIndex", 300)),
+    _case(
+        "gdr-level-unknown",
+        "spec.network.gpuDirectRDMALevel",
+        nested("network.gpuDirectRDMALevel", "NEAR"),
+    ),
+    _case(
+        "rdma-resource-unqualified",
+        "spec.network.rdmaResources",
+        nested("network.rdmaResources", {"rdma": 1}),
+    ),
+    _case(
+        "rdma-resource-zero",
+        "spec.network.rdmaResources",
+        nested("network.rdmaResources", {"rdma/ib": 0}),
+    ),
+    _case(
+        "claim-name-and-template",
+        "spec.checkpoint.claimName",
+        {"checkpoint": {"claimName": "ckpt", **CLAIM}},
+    ),
+    _case("claim-neither", "spec.checkpoint.claimName", {"checkpoint": {"mountPath": "/ckpt"}}),
+    _case(
+        "claim-name-invalid",
+        "spec.checkpoint.claimName",
+        nested("checkpoint.claimName", "Bad_Name"),
+    ),
+    _case(
+        "mount-path-relative",
+        "spec.checkpoint.mountPath",
+        {"checkpoint": {**CLAIM, "mountPath": "ckpt"}},
+    ),
+    _case(
+        "claim-size-missing",
+        "spec.checkpoint.claimTemplate.size",
+        nested("checkpoint.claimTemplate", {"storageClassName": "fast"}),
+    ),
+    _case(
+        "access-mode-read-only",
+        "spec.checkpoint.claimTemplate.accessModes",
+        nested("checkpoint.claimTemplate", {"size": "1Gi", "accessModes": ["ReadOnlyMany"]}),
+    ),
+    _case(
+        "access-mode-duplicate",
+        "spec.checkpoint.claimTemplate.accessModes",
+        nested(
+            "checkpoint.claimTemplate",
+            {"size": "1Gi", "accessModes": ["ReadWriteOnce", "ReadWriteOnce"]},
+        ),
+    ),
+    _case(
+        "restart-policy-always",
+        "spec.runPolicy.restartPolicy",
+        nested("runPolicy.restartPolicy", "Always"),
+    ),
+    _case(
+        "exit-code-both-lists",
+        "spec.runPolicy.retryableExitCodes",
+        {"runPolicy": {"retryableExitCodes": [137, 143], "permanentExitCodes": [1, 137]}},
+    ),
+    _case(
+        "retryable-with-never",
+        "spec.runPolicy.retryableExitCodes",
+        {"runPolicy": {"restartPolicy": "Never", "retryableExitCodes": [137]}},
+    ),
+    _case(
+        "exit-code-zero",
+        "spec.runPolicy.permanentExitCodes",
+        nested("runPolicy.permanentExitCodes", [0]),
+    ),
+    _case("backoff-negative", "spec.runPolicy.backoffLimit", nested("runPolicy.backoffLimit", -1)),
+    _case(
+        "deadline-zero",
+        "spec.runPolicy.activeDeadlineSeconds",
+        nested("runPolicy.activeDeadlineSeconds", 0),
+    ),
+    _case(
+        "clean-pod-policy-unknown",
+        "spec.runPolicy.cleanPodPolicy",
+        nested("runPolicy.cleanPodPolicy", "Some"),
+    ),
+    _case(
+        "all-workers-without-workers",
+        "spec.runPolicy.successPolicy",
+        nested("runPolicy.successPolicy", "AllWorkers"),
+    ),
+    _case("pod-group-unknown", "spec.scheduling.podGroup", nested("scheduling.podGroup", "Kueue")),
+    _case(
+        "timeout-without-pod-group",
+        "spec.scheduling.scheduleTimeoutSeconds",
+        nested("scheduling.scheduleTimeoutSeconds", 60),
+    ),
+    _case(
+        "queue-name-space", "spec.scheduling.queueName", nested("scheduling.queueName", "team a")
+    ),
+    _case(
+        "topology-without-key",
+        "spec.scheduling.topology.key",
+        nested("scheduling.topology", {"mode": "Required"}),
+    ),
+    _case(
+        "degrees-do-not-fit",
+        "spec.trainer.parallel",
+        merge(nested("worker.replicas", 1), nested("trainer.parallel.tensor", 3)),
+    ),
+    _case(
+        "fixed-degrees-wrong-product",
+        "spec.trainer.parallel",
+        merge(
+            TWO_GPUS,
+            {"processesPerNode": "gpu"},
+            nested("trainer.parallel", {"dataParallelShard": 4}),
+        ),
+    ),
+    _case(
+        "trainer-shard-zero",
+        "spec.trainer.parallel",
+        nested("trainer.parallel.dataParallelShard", 0),
+    ),
+    _case("trainer-dim-heads", "spec.trainer.model", nested("trainer.model", {"dim": 100})),
+    _case("trainer-steps-zero", "spec.trainer.training.steps", nested("trainer.training.steps", 0)),
+    _case(
+        "trainer-precision-unknown",
+        "spec.trainer.training.precision",
+        nested("trainer.training.precision", "fp8"),
+    ),
+    _case("trainer-char-without-path", "spec.trainer.data", nested("trainer.data.kind", "char")),
+    _case("trainer-unknown-field", "spec.trainer.optimiser", nested("trainer.optimiser", {})),
+    _case("name-too-long", "metadata.name", {}, name="j" * 49),
+    _case("name-starts-with-digit", "metadata.name", {}, name="9lives"),
+)

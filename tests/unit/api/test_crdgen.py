@@ -1,0 +1,177 @@
+"""The generated CRD: structural, described, with rules, and in sync with the models."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from torchfleet_operator.api import crdgen, v1alpha1
+from torchfleet_operator.api.base import ApiModel, Rule
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _crd() -> dict[str, Any]:
+    return crdgen.crd()
+
+
+def _schema() -> dict[str, Any]:
+    return _crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def _walk(node: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    yield path, node
+    for name, child in node.get("properties", {}).items():
+        yield from _walk(child, f"{path}.{name}")
+    if isinstance(node.get("items"), dict):
+        yield from _walk(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        yield from _walk(node["additionalProperties"], f"{path}{{}}")
+
+
+def _node(path: str) -> dict[str, Any]:
+    node = _schema()
+    for name in path.split("."):
+        node = node["properties"][name]
+    return node
+
+
+def test_committed_crds_match_the_models() -> None:
+    assert crdgen.main(["--check", "--root", str(REPO)]) == 0
+
+
+def test_check_names_a_drifted_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert crdgen.main(["--root", str(tmp_path)]) == 0
+    chart_copy = tmp_path / crdgen.OUTPUTS[1]
+    chart_copy.write_text(chart_copy.read_text().replace("maxLength: 512", "maxLength: 511"))
+    assert crdgen.main(["--check", "--root", str(tmp_path)]) == 1
+    named = [line.split(":")[0] for line in capsys.readouterr().err.splitlines()]
+    assert named == [str(crdgen.OUTPUTS[1])]
+
+
+def test_check_names_a_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    shutil.copytree(REPO / "crds", tmp_path / "crds")
+    assert crdgen.main(["--check", "--root", str(tmp_path)]) == 1
+    assert str(crdgen.OUTPUTS[1]) in capsys.readouterr().err
+
+
+def test_both_files_are_the_same_yaml() -> None:
+    first, second = (yaml.safe_load((REPO / path).read_text()) for path in crdgen.OUTPUTS)
+    assert first == second == _crd()
+
+
+def test_names_subresources_and_columns() -> None:
+    spec = _crd()["spec"]
+    assert spec["names"]["shortNames"] == ["tj"]
+    assert spec["names"]["categories"] == ["all"]
+    version = spec["versions"][0]
+    assert version["subresources"] == {"status": {}}
+    columns = [column["name"] for column in version["additionalPrinterColumns"]]
+    assert columns == ["Phase", "Nodes", "Restarts", "Progress", "Age"]
+    for column in version["additionalPrinterColumns"][:-1]:
+        path = column["jsonPath"].removeprefix(".").split(".")
+        assert _node(".".join(path)), column  # the column points at a real status field
+
+
+def test_schema_is_structural() -> None:
+    for path, node in _walk(_schema()):
+        assert "$ref" not in node and "title" not in node and "$defs" not in node, path
+        assert "propertyNames" not in node and "const" not in node, path
+        assert node.get("additionalProperties") is not False, path
+        for bound in ("exclusiveMinimum", "exclusiveMaximum"):
+            assert isinstance(node.get(bound, True), bool), path  # OpenAPI 3.0 style
+        if "anyOf" in node:
+            assert node.get("x-kubernetes-int-or-string") is True, path
+            assert node["anyOf"] == [{"type": "integer"}, {"type": "string"}], path
+        else:
+            open_object = node.get("x-kubernetes-preserve-unknown-fields")
+            assert "type" in node or open_object, path
+
+
+def test_every_field_is_described() -> None:
+    undescribed = [
+        path
+        for path, node in _walk(_schema())
+        if path
+        and not path.endswith(("[]", "{}"))
+        and path != ".metadata"
+        and not node.get("description")
+    ]
+    assert undescribed == []
+
+
+def test_every_rule_has_a_message_and_a_relative_field_path() -> None:
+    rules = [
+        (path, rule)
+        for path, node in _walk(_schema())
+        for rule in node.get("x-kubernetes-validations", [])
+    ]
+    assert len(rules) > 30
+    for path, rule in rules:
+        assert rule["rule"] and (rule.get("message") or rule.get("messageExpression")), path
+        assert rule.get("fieldPath", ".").startswith("."), path
+
+
+def test_lists_and_maps_are_bounded_for_cel_cost() -> None:
+    """The API server admits CEL rules only within a cost budget, so every list
+    and map below a rule has a size bound."""
+    for path, node in _walk(_node("spec")):
+        if path.startswith(".trainer"):
+            continue  # the trainer config has no lists or maps
+        if node.get("type") == "array":
+            assert "maxItems" in node, path
+        if node.get("type") == "object" and "additionalProperties" in node:
+            assert "maxProperties" in node, path
+
+
+def test_spec_defaults_match_the_models() -> None:
+    spec = _node("spec")
+    assert spec["properties"]["processesPerNode"]["default"] == "auto"
+    assert spec["properties"]["runPolicy"]["default"] == {}
+    assert spec["properties"]["runPolicy"]["properties"]["backoffLimit"]["default"] == 3
+    assert spec["properties"]["suspend"]["default"] is False
+    assert "default" not in spec["properties"]["checkpoint"]
+
+
+def test_trainer_schema_comes_from_the_trainer_model_without_defaults() -> None:
+    trainer = _node("spec.trainer")
+    assert set(trainer["properties"]) >= {"model", "data", "training", "parallel", "checkpoint"}
+    assert [path for path, node in _walk(trainer) if "default" in node] == []
+    layers = trainer["properties"]["model"]["properties"]["layers"]
+    assert layers["description"].endswith("Default: 6.")
+    assert layers["minimum"] == 1
+    model_rules = trainer["properties"]["model"]["x-kubernetes-validations"]
+    assert any("% self.?heads.orValue(6)" in rule["rule"] for rule in model_rules)
+
+
+def test_optional_fields_are_plain_types_not_nullable() -> None:
+    image = _node("spec.image")
+    assert image["type"] == "string" and "nullable" not in image
+    assert _node("spec.checkpoint")["type"] == "object"
+
+
+def test_spec_requires_spec_and_allows_metadata() -> None:
+    schema = _schema()
+    assert schema["required"] == ["spec"]
+    assert schema["properties"]["metadata"] == {"type": "object"}
+    root_rules = [rule["fieldPath"] for rule in schema["x-kubernetes-validations"]]
+    assert root_rules == [".metadata.name", ".metadata.name"]
+
+
+def _rule_models() -> list[type[ApiModel]]:
+    return [
+        model
+        for model in vars(v1alpha1).values()
+        if isinstance(model, type) and issubclass(model, ApiModel) and model.rules
+    ]
+
+
+@pytest.mark.parametrize("model", _rule_models(), ids=lambda m: m.__name__)
+def test_only_transition_rules_lack_a_python_check(model: type[ApiModel]) -> None:
+    rule: Rule
+    for rule in model.rules:
+        assert (rule.check is None) == ("oldSelf" in rule.cel), rule.cel

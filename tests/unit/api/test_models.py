@@ -1,0 +1,172 @@
+"""The models: invalid specs named by field, defaults, derived values."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import yaml
+from torchfleet_operator.api import (
+    InvalidSpecError,
+    TrainingJobSpec,
+    parse_spec,
+    parse_training_job,
+    to_manifest,
+)
+
+from tests.unit.api.cases import INVALID, Invalid, job, nested
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "examples").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("case", INVALID, ids=lambda case: case.id)
+def test_invalid_spec_is_rejected_naming_the_field(case: Invalid) -> None:
+    with pytest.raises(InvalidSpecError) as caught:
+        parse_training_job(case.manifest())
+    assert case.field in str(caught.value), str(caught.value)
+    assert caught.value.field.startswith(case.field) or case.field.startswith(caught.value.field)
+
+
+def test_every_problem_is_listed_with_its_path() -> None:
+    spec = {"master": {"replicas": 3}, "worker": {"replicas": -2}, "suspend": "yes"}
+    with pytest.raises(InvalidSpecError) as caught:
+        parse_training_job(job(spec=spec))
+    paths = [path for path, _ in caught.value.problems]
+    assert paths == ["spec.master.replicas", "spec.worker.replicas", "spec.suspend"]
+
+
+def test_parse_spec_prefixes_paths_with_spec() -> None:
+    with pytest.raises(InvalidSpecError) as caught:
+        parse_spec({"network": {"gidIndex": -1}})
+    assert caught.value.field == "spec.network.gidIndex"
+
+
+def test_defaults_are_applied() -> None:
+    spec = parse_training_job(job()).spec
+    assert to_manifest(parse_training_job(job()))["spec"] == {
+        "processesPerNode": "auto",
+        "resources": {"gpus": 0, "gpuResourceName": "nvidia.com/gpu"},
+        "master": {"replicas": 1},
+        "worker": {"replicas": 0},
+        "network": {"transport": "auto", "hostNetwork": False},
+        "runPolicy": {
+            "backoffLimit": 3,
+            "restartPolicy": "OnFailure",
+            "cleanPodPolicy": "Running",
+            "successPolicy": "Master",
+        },
+        "scheduling": {"podGroup": "None"},
+        "suspend": False,
+    }
+    assert spec.runs_trainer and spec.trainer is None
+
+
+def test_checkpoint_defaults() -> None:
+    spec = parse_spec({"checkpoint": {"claimTemplate": {"size": "1Gi"}}})
+    assert spec.checkpoint is not None and spec.checkpoint.claim_template is not None
+    assert spec.checkpoint.mount_path == "/checkpoints"
+    assert spec.checkpoint.claim_template.access_modes == ["ReadWriteMany"]
+    assert spec.checkpoint.claim_template.retention_policy == "Delete"
+
+
+@pytest.mark.parametrize(
+    ("processes", "gpus", "workers", "per_node", "world"),
+    [
+        ("auto", 0, 0, 1, 1),
+        ("auto", 8, 3, 8, 32),
+        ("gpu", 4, 1, 4, 8),
+        (3, 0, 2, 3, 9),
+        (2, 8, 0, 2, 2),
+    ],
+)
+def test_processes_per_node_and_world_size(
+    processes: int | str, gpus: int, workers: int, per_node: int, world: int
+) -> None:
+    spec = parse_spec(
+        {
+            "processesPerNode": processes,
+            "resources": {"gpus": gpus},
+            **nested("worker.replicas", workers),
+        }
+    )
+    assert spec.resolved_processes_per_node == per_node
+    assert spec.nodes == workers + 1
+    assert spec.world_size == world
+
+
+def test_sharded_degree_minus_one_needs_divisible_world() -> None:
+    fits = {"worker": {"replicas": 3}, "trainer": {"parallel": {"tensor": 2}}}
+    assert parse_spec(fits).world_size == 4
+    with pytest.raises(InvalidSpecError, match=r"spec\.trainer\.parallel"):
+        parse_spec({"worker": {"replicas": 2}, "trainer": {"parallel": {"tensor": 2}}})
+
+
+def test_command_mode_does_not_run_the_trainer() -> None:
+    spec = parse_spec({"command": ["torchrun", "train.py"], "args": ["--lr", "3e-4"]})
+    assert not spec.runs_trainer
+
+
+def test_snake_case_names_work_in_python() -> None:
+    spec = TrainingJobSpec(processes_per_node=4, suspend=True)
+    assert to_manifest_spec(spec)["processesPerNode"] == 4
+
+
+def to_manifest_spec(spec: TrainingJobSpec) -> dict[str, object]:
+    return spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_examples_parse_and_round_trip(path: Path) -> None:
+    raw = yaml.safe_load(path.read_text())
+    parsed = parse_training_job(raw)
+    assert parse_training_job(to_manifest(parsed)) == parsed
+
+
+def test_examples_are_the_five_named_ones() -> None:
+    assert [p.stem for p in EXAMPLES] == [
+        "3d-parallel",
+        "byo-torchrun",
+        "ddp-cpu",
+        "fsdp-ib",
+        "kueue-suspended",
+    ]
+
+
+def test_status_written_by_the_operator_parses_leniently() -> None:
+    raw = job()
+    raw["status"] = {
+        "phase": "Running",
+        "conditions": [
+            {
+                "type": "Running",
+                "status": "True",
+                "reason": "AllPodsRunning",
+                "lastTransitionTime": "2026-11-20T23:00:00Z",
+                "observedGeneration": 2,
+            }
+        ],
+        "replicaStatuses": {"master": {"active": 1, "ready": 1}, "worker": {"failed": 1}},
+        "nodesReady": "1/2",
+        "progress": {"step": 50, "totalSteps": 200, "percent": 25, "loss": 2.5},
+        "fieldFromANewerOperator": True,
+    }
+    status = parse_training_job(raw).status
+    assert status is not None and status.conditions is not None
+    assert status.conditions[0].last_transition_time == datetime(2026, 11, 20, 23, tzinfo=UTC)
+    assert status.replica_statuses is not None
+    assert status.replica_statuses.worker.failed == 1
+    assert status.progress is not None and status.progress.percent == 25
+
+
+def test_api_imports_without_kopf_kubernetes_or_torch() -> None:
+    code = (
+        "import sys, torchfleet_operator.api, torchfleet_operator.api.crdgen\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('kopf', 'kubernetes', 'torch'))\n"
+        "print(','.join(heavy))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
