@@ -1,0 +1,68 @@
+"""A pod's environment: the pod contract, then NCCL/IB from spec.network.
+
+This is the one place that decides a pod's env. The trainer container's own
+``env`` in a role template is merged over it in ``pods.py`` (user values win).
+"""
+
+from __future__ import annotations
+
+from torchfleet_trainer import contract
+from torchfleet_trainer.contract import PodContract
+
+from torchfleet_operator.api.v1alpha1 import NetworkSpec, TrainingJobSpec
+from torchfleet_operator.build import names
+
+
+def contract_env(
+    job: str, namespace: str, spec: TrainingJobSpec, node_rank: int, restart: int
+) -> dict[str, str]:
+    """torchrun's PET_*, MASTER_*, NNODES/NODE_RANK, per-process ranks when 1 per pod."""
+    return PodContract(
+        job_name=job,
+        namespace=namespace,
+        master_addr=names.master_address(job, namespace),
+        master_port=contract.DEFAULT_MASTER_PORT,
+        nnodes=spec.nodes,
+        node_rank=node_rank,
+        nproc_per_node=spec.resolved_processes_per_node,
+        restart_count=restart,
+        checkpoint_dir=spec.checkpoint.mount_path if spec.checkpoint else None,
+        metrics_port=contract.DEFAULT_METRICS_PORT,
+    ).to_env()
+
+
+def network_env(network: NetworkSpec) -> dict[str, str]:
+    """NCCL (and gloo) variables; the user's ncclEnv comes last (the CRD forbids overlaps)."""
+    env: dict[str, str] = {}
+    if network.transport == "tcp":
+        env["NCCL_IB_DISABLE"] = "1"
+    elif network.transport in ("infiniband", "roce"):
+        env["NCCL_IB_DISABLE"] = "0"
+    if network.socket_interface:
+        env["NCCL_SOCKET_IFNAME"] = network.socket_interface
+        env["GLOO_SOCKET_IFNAME"] = network.socket_interface
+    if network.ib_hcas:
+        env["NCCL_IB_HCA"] = ",".join(network.ib_hcas)
+    if network.gid_index is not None:
+        env["NCCL_IB_GID_INDEX"] = str(network.gid_index)
+    if network.gpu_direct_rdma_level:
+        env["NCCL_NET_GDR_LEVEL"] = network.gpu_direct_rdma_level
+    env.update(network.nccl_env or {})
+    return env
+
+
+def trainer_env(spec: TrainingJobSpec) -> dict[str, str]:
+    """The inline trainer config for torchfleet-train (absent for a user command)."""
+    if not spec.runs_trainer or spec.trainer is None:
+        return {}
+    return {contract.TRAIN_CONFIG: spec.trainer.model_dump_json(by_alias=True, exclude_unset=True)}
+
+
+def pod_env(
+    job: str, namespace: str, spec: TrainingJobSpec, node_rank: int, restart: int
+) -> dict[str, str]:
+    return {
+        **contract_env(job, namespace, spec, node_rank, restart),
+        **network_env(spec.network),
+        **trainer_env(spec),
+    }

@@ -1,0 +1,194 @@
+"""One pod per node rank: the operator's defaults with the role template merged over.
+
+Order of precedence (later wins): operator defaults < role template < the
+operator's identity fields (name, labels it selects on, owner, restart policy,
+hostname/subdomain), which must hold for the gang to work at all.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from torchfleet_trainer import contract
+
+from torchfleet_operator.api.constants import KUEUE_QUEUE_LABEL, TRAINER_CONTAINER_NAME
+from torchfleet_operator.api.v1alpha1 import PodTemplate, TrainingJobSpec
+from torchfleet_operator.build import env as pod_env
+from torchfleet_operator.build import labels, names, podgroup
+
+SHM_VOLUME = "dshm"
+CHECKPOINT_VOLUME = "checkpoint"
+TRAINER_COMMAND = ["torchfleet-train"]
+# The kubelet gives a killed trainer this long to save or flush before SIGKILL.
+TERMINATION_GRACE_SECONDS = 30
+
+
+def role_of(node_rank: int) -> str:
+    return names.MASTER_ROLE if node_rank == 0 else names.WORKER_ROLE
+
+
+def pod_name_for_rank(job: str, node_rank: int) -> str:
+    """Rank 0 is the master; workers are numbered from 0 (rank 1 = worker-0)."""
+    if node_rank == 0:
+        return names.master_pod_name(job)
+    return names.worker_pod_name(job, node_rank - 1)
+
+
+def template_for(spec: TrainingJobSpec, node_rank: int) -> PodTemplate | None:
+    return spec.master.template if node_rank == 0 else spec.worker.template
+
+
+def container_resources(spec: TrainingJobSpec) -> dict[str, Any]:
+    """GPUs and RDMA as requests = limits (extended resources cannot overcommit)."""
+    limits: dict[str, str] = {}
+    requests: dict[str, str] = {}
+    if spec.resources.gpus:
+        limits[spec.resources.gpu_resource_name] = str(spec.resources.gpus)
+    for name, count in (spec.network.rdma_resources or {}).items():
+        limits[name] = str(count)
+    if spec.resources.cpu is not None:
+        requests["cpu"] = limits["cpu"] = str(spec.resources.cpu)
+    if spec.resources.memory is not None:
+        requests["memory"] = limits["memory"] = str(spec.resources.memory)
+    requests.update({k: v for k, v in limits.items() if k not in requests})
+    return {"limits": limits, "requests": requests} if limits else {}
+
+
+def _trainer_container(
+    job: str, namespace: str, spec: TrainingJobSpec, node_rank: int, restart: int, image: str
+) -> dict[str, Any]:
+    env = pod_env.pod_env(job, namespace, spec, node_rank, restart)
+    container: dict[str, Any] = {
+        "name": TRAINER_CONTAINER_NAME,
+        "image": spec.image or image,
+        "command": list(spec.command) if spec.command else list(TRAINER_COMMAND),
+        "env": [{"name": k, "value": v} for k, v in env.items()],
+        "ports": [
+            {"name": "metrics", "containerPort": contract.DEFAULT_METRICS_PORT, "protocol": "TCP"},
+            {
+                "name": "rendezvous",
+                "containerPort": contract.DEFAULT_MASTER_PORT,
+                "protocol": "TCP",
+            },
+        ],
+        "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}],
+    }
+    if spec.args:
+        container["args"] = list(spec.args)
+    resources = container_resources(spec)
+    if resources:
+        container["resources"] = resources
+    if spec.network.rdma_resources:
+        # Registering RDMA memory pins pages: needs IPC_LOCK, and only then.
+        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+    if spec.checkpoint:
+        container["volumeMounts"].append(
+            {"name": CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.mount_path}
+        )
+    return container
+
+
+def _merge_env(base: list[dict[str, Any]], override: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Template env wins by name; order: operator's first, then the template's new ones."""
+    by_name = {item["name"]: item for item in override}
+    merged = [by_name.pop(item["name"], item) for item in base]
+    return merged + [item for item in override if item["name"] in by_name]
+
+
+def _merge_container(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
+    merged = {**ours, **{k: v for k, v in theirs.items() if k not in ("env", "volumeMounts")}}
+    merged["env"] = _merge_env(ours.get("env", []), theirs.get("env") or [])
+    mounts = {m["mountPath"]: m for m in ours.get("volumeMounts", [])}
+    mounts.update({m["mountPath"]: m for m in theirs.get("volumeMounts") or []})
+    merged["volumeMounts"] = list(mounts.values())
+    merged["name"] = TRAINER_CONTAINER_NAME
+    return merged
+
+
+def _volumes(spec: TrainingJobSpec, job: str) -> list[dict[str, Any]]:
+    shm: dict[str, Any] = {"medium": "Memory"}
+    if spec.resources.shm_size is not None:
+        shm["sizeLimit"] = str(spec.resources.shm_size)
+    volumes: list[dict[str, Any]] = [{"name": SHM_VOLUME, "emptyDir": shm}]
+    if spec.checkpoint:
+        claim = spec.checkpoint.claim_name or names.checkpoint_claim_name(job)
+        volumes.append({"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": claim}})
+    return volumes
+
+
+def _merge_volumes(
+    ours: list[dict[str, Any]], theirs: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    by_name = {v["name"]: v for v in ours}
+    by_name.update({v["name"]: v for v in theirs})
+    return list(by_name.values())
+
+
+def build_pod(
+    job: str,
+    namespace: str,
+    uid: str,
+    spec: TrainingJobSpec,
+    node_rank: int,
+    restart: int,
+    default_image: str,
+) -> dict[str, Any]:
+    """The complete pod manifest for ``node_rank`` of gang number ``restart``."""
+    role = role_of(node_rank)
+    name = pod_name_for_rank(job, node_rank)
+    template = template_for(spec, node_rank)
+    template_spec = copy.deepcopy(template.spec) if template and template.spec else {}
+    template_meta = template.metadata if template else None
+
+    ours = _trainer_container(job, namespace, spec, node_rank, restart, default_image)
+    containers = template_spec.pop("containers", None) or []
+    theirs: dict[str, Any] = next(
+        (c for c in containers if c.get("name") == TRAINER_CONTAINER_NAME), {}
+    )
+    sidecars = [c for c in containers if c.get("name") != TRAINER_CONTAINER_NAME]
+
+    pod_spec: dict[str, Any] = {"terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS}
+    scheduler = podgroup.scheduler_name(spec)
+    if scheduler:
+        pod_spec["schedulerName"] = scheduler
+    if spec.scheduling.priority_class_name:
+        pod_spec["priorityClassName"] = spec.scheduling.priority_class_name
+    if spec.network.host_network:
+        pod_spec["hostNetwork"] = True
+        pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+    pod_spec.update(template_spec)
+    pod_spec["volumes"] = _merge_volumes(_volumes(spec, job), template_spec.get("volumes") or [])
+    pod_spec["containers"] = [_merge_container(ours, theirs), *sidecars]
+    # Identity: the gang depends on these, so no template may change them.
+    pod_spec["restartPolicy"] = "Never"  # the operator restarts the whole gang
+    pod_spec["hostname"] = name
+    pod_spec["subdomain"] = names.service_name(job)
+
+    group_labels, group_annotations = podgroup.pod_membership(job, spec)
+    pod_labels = dict(template_meta.labels or {}) if template_meta else {}
+    if spec.scheduling.queue_name:
+        pod_labels[KUEUE_QUEUE_LABEL] = spec.scheduling.queue_name
+    pod_labels.update(group_labels)
+    pod_labels.update(labels.pod_labels(job, role, node_rank, restart))
+    annotations = dict(template_meta.annotations or {}) if template_meta else {}
+    annotations.update(group_annotations)
+    annotations.update(
+        {
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(contract.DEFAULT_METRICS_PORT),
+            "prometheus.io/path": "/metrics",
+        }
+    )
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": pod_labels,
+            "annotations": annotations,
+            "ownerReferences": [labels.owner_reference(job, uid)],
+        },
+        "spec": pod_spec,
+    }

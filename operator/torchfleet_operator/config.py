@@ -1,0 +1,57 @@
+"""Operator tunables, read from ``TORCHFLEET_OPERATOR_*`` variables or flags.
+
+Defaults suit a real cluster; tests shrink the back-offs through the same
+variables so that restart scenarios take seconds, not minutes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+
+ENV_PREFIX = "TORCHFLEET_OPERATOR_"
+
+
+@dataclasses.dataclass(frozen=True)
+class OperatorConfig:
+    # Gang restart back-off: base * 2**(restarts so far), capped.
+    restart_backoff_seconds: float = 10.0
+    restart_backoff_max_seconds: float = 300.0
+    # Back-off for a job whose children the apiserver refuses (quota, admission).
+    apply_backoff_seconds: float = 1.0
+    apply_backoff_max_seconds: float = 120.0
+    # A pod whose node has been NotReady this long counts as lost.
+    node_lost_grace_seconds: float = 30.0
+    # How often the master's /metrics is read for status.progress; 0 disables.
+    progress_interval_seconds: float = 15.0
+    # Every job is reconciled at least this often, whatever the events say.
+    resync_seconds: float = 300.0
+    # Concurrent reconciles, and concurrent API calls within one reconcile.
+    workers: int = 8
+    api_concurrency: int = 16
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if value < 0:
+                raise ValueError(f"{ENV_PREFIX}{field.name.upper()} must be >= 0, got {value}")
+        if self.workers < 1 or self.api_concurrency < 1:
+            raise ValueError(f"{ENV_PREFIX}WORKERS and {ENV_PREFIX}API_CONCURRENCY must be >= 1")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
+        """Reads every field from ``TORCHFLEET_OPERATOR_<FIELD>``; bad values are named."""
+        env = os.environ if env is None else env
+        values: dict[str, float | int] = {}
+        for field in dataclasses.fields(cls):
+            name = f"{ENV_PREFIX}{field.name.upper()}"
+            raw = env.get(name)
+            if raw is None or raw == "":
+                continue
+            kind = int if field.type in (int, "int") else float
+            try:
+                values[field.name] = kind(raw)
+            except ValueError:
+                raise ValueError(f"{name} must be a {kind.__name__}, got {raw!r}") from None
+        return cls(**values)  # type: ignore[arg-type]

@@ -1,0 +1,242 @@
+"""The control loop: informer caches in, plans out, on worker tasks.
+
+kopf (``handlers.py``) feeds the caches (its indices) and calls ``enqueue``;
+this module owns the work queue, the in-memory expectations and the last
+status written, and runs each pass's blocking API calls in a thread so that
+kopf's event loop never blocks. It imports no kopf: the caches are mappings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from torchfleet_operator import metrics
+from torchfleet_operator.build.names import checkpoint_claim_name
+from torchfleet_operator.config import OperatorConfig
+from torchfleet_operator.kube import Executor
+from torchfleet_operator.observed import Observed, ObservedNode, ObservedPod
+from torchfleet_operator.reconcile import plan, with_rejections
+from torchfleet_operator.workqueue import WorkQueue
+
+log = logging.getLogger(__name__)
+
+JobKey = tuple[str, str]  # (namespace, name)
+# How long a create/delete may go unseen by the watch before it is forgotten.
+EXPECTATION_SECONDS = 60.0
+
+
+@dataclass
+class Caches:
+    """kopf indices (mapping key -> collection of values) the loop reads."""
+
+    jobs: Mapping[Any, Iterable[Any]] = field(default_factory=dict)
+    pods: Mapping[Any, Iterable[Any]] = field(default_factory=dict)
+    nodes: Mapping[Any, Iterable[Any]] = field(default_factory=dict)
+    services: Mapping[Any, Iterable[Any]] = field(default_factory=dict)
+    claims: Mapping[Any, Iterable[Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    body: dict[str, Any]
+    observed: Observed
+
+
+@dataclass
+class _Expectations:
+    created: dict[str, float] = field(default_factory=dict)  # pod name -> deadline
+    deleted: dict[str, float] = field(default_factory=dict)  # pod uid -> deadline
+
+
+def _first(collection: Iterable[Any] | None) -> Any:
+    return next(iter(collection or ()), None)
+
+
+class Controller:
+    def __init__(self, config: OperatorConfig, executor: Executor, default_image: str) -> None:
+        self.config = config
+        self.executor = executor
+        self.default_image = default_image
+        self.caches = Caches()
+        self.queue: WorkQueue[JobKey] = WorkQueue()
+        self.phases = metrics.PhaseTracker()
+        self._expectations: dict[JobKey, _Expectations] = {}
+        self._last_status: dict[str, dict[str, Any]] = {}  # by job uid
+        self._api_failures: dict[JobKey, int] = {}
+        self._pod_groups: set[str] = set()  # job uids whose PodGroup exists
+        self._tasks: list[asyncio.Task[None]] = []
+        self.passes = 0
+
+    # ---- triggers (called on the event loop) ----
+
+    def enqueue(self, key: JobKey) -> None:
+        self.queue.add(key)
+        metrics.QUEUE_DEPTH.set(len(self.queue))
+
+    def job_deleted(self, key: JobKey, uid: str | None) -> None:
+        self.queue.forget(key)
+        self._expectations.pop(key, None)
+        self._api_failures.pop(key, None)
+        self.phases.forget(key)
+        if uid:
+            self._last_status.pop(uid, None)
+            self._pod_groups.discard(uid)
+
+    def start(self) -> None:
+        for number in range(self.config.workers):
+            self._tasks.append(asyncio.create_task(self._work(), name=f"reconciler-{number}"))
+        if self.config.resync_seconds > 0:
+            self._tasks.append(asyncio.create_task(self._resync(), name="resync"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.queue.shutdown()
+        self.executor.close()
+
+    async def _resync(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.resync_seconds)
+            for key in list(self.caches.jobs):
+                self.enqueue(key)
+
+    async def _work(self) -> None:
+        while True:
+            key = await self.queue.get()
+            metrics.QUEUE_DEPTH.set(len(self.queue))
+            delay: float | None = None
+            try:
+                snapshot = self.snapshot(key)
+                if snapshot is not None:
+                    delay = await asyncio.to_thread(self.reconcile, key, snapshot)
+            except Exception:  # a bug or an unreachable apiserver: never kill the loop
+                log.exception("reconcile of %s/%s failed", *key)
+                metrics.RECONCILE_ERRORS.inc()
+                delay = self._api_backoff(key)
+            finally:
+                self.queue.done(key)
+            if delay is not None:
+                self.queue.add_after(key, delay)
+
+    # ---- observe (on the event loop: the caches are not thread-safe) ----
+
+    def snapshot(self, key: JobKey) -> Snapshot | None:
+        body = _first(self.caches.jobs.get(key))
+        if body is None:
+            return None
+        pods: tuple[ObservedPod, ...] = tuple(self.caches.pods.get(key) or ())
+        not_ready = {}
+        for node_name in {p.node_name for p in pods if p.node_name}:
+            node: ObservedNode | None = _first(self.caches.nodes.get(node_name))
+            if node is not None and not node.ready:
+                not_ready[node_name] = node.since
+        expected = self._prune_expectations(key, pods)
+        uid = body["metadata"].get("uid", "")
+        observed = Observed(
+            pods=pods,
+            nodes_not_ready=not_ready,
+            has_service=key in self.caches.services,
+            has_checkpoint_claim=_claim_key(body) in self.caches.claims,
+            has_pod_group=uid in self._pod_groups,
+            expected_created=frozenset(expected.created),
+            expected_deleted=frozenset(expected.deleted),
+        )
+        return Snapshot(body=body, observed=observed)
+
+    def _prune_expectations(self, key: JobKey, pods: tuple[ObservedPod, ...]) -> _Expectations:
+        expected = self._expectations.setdefault(key, _Expectations())
+        now = time.monotonic()
+        seen_names = {p.name for p in pods if not p.deleting}
+        seen_uids = {p.uid for p in pods}
+        expected.created = {
+            n: t for n, t in expected.created.items() if n not in seen_names and t > now
+        }
+        expected.deleted = {u: t for u, t in expected.deleted.items() if u in seen_uids and t > now}
+        return expected
+
+    # ---- one pass (in a worker thread) ----
+
+    def reconcile(self, key: JobKey, snapshot: Snapshot) -> float | None:
+        started = time.perf_counter()
+        try:
+            return self._reconcile(key, snapshot)
+        finally:
+            self.passes += 1
+            metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
+
+    def _reconcile(self, key: JobKey, snapshot: Snapshot) -> float | None:
+        body = snapshot.body
+        namespace, name = key
+        uid = body["metadata"].get("uid", "")
+        current = self._last_status.get(uid, body.get("status") or {})
+        now = datetime.now(UTC)
+        decided = plan(body, snapshot.observed, now, self.config, current, self.default_image)
+        result = self.executor.execute(namespace, body, decided)
+        failed_names = {f.name for f in result.failures}
+        self._remember(key, decided, failed_names)
+        for manifest in decided.create:
+            failed = any(f.kind == manifest["kind"] for f in result.failures)
+            if manifest["kind"] == "PodGroup" and not failed:
+                self._pod_groups.add(uid)
+        rejected = [
+            (f.kind, f.name, f.code, f.message) for f in result.failures if f.verb == "create"
+        ]
+        status = with_rejections(decided.status, rejected, now)
+        delay = decided.requeue_after
+        if result.failures:
+            delay = _sooner(delay, self._api_backoff(key))
+        else:
+            self._api_failures.pop(key, None)
+        if result.job_deleted:
+            return None
+        if status != current:
+            failure = self.executor.write_status(namespace, name, status)
+            if failure is None:
+                self._last_status[uid] = status
+                if decided.gang_restart:
+                    metrics.GANG_RESTARTS.labels(reason=decided.gang_restart).inc()
+            else:
+                delay = _sooner(delay, self._api_backoff(key))
+        self.phases.set(key, status.get("phase") or "Pending")
+        return _sooner(delay, self.config.resync_seconds or None)
+
+    def _remember(self, key: JobKey, decided: Any, failed_names: set[str]) -> None:
+        """Records creates/deletes so the next pass does not redo them before the watch
+        shows them (the job controller's 'expectations')."""
+        expected = self._expectations.setdefault(key, _Expectations())
+        deadline = time.monotonic() + EXPECTATION_SECONDS
+        for manifest in decided.create:
+            if manifest["kind"] == "Pod" and manifest["metadata"]["name"] not in failed_names:
+                expected.created[manifest["metadata"]["name"]] = deadline
+        for ref in decided.delete:
+            if ref.uid:
+                expected.deleted[ref.uid] = deadline
+
+    def _api_backoff(self, key: JobKey) -> float:
+        """Exponential back-off for a job whose API calls fail (no hot loop)."""
+        failures = self._api_failures.get(key, 0)
+        self._api_failures[key] = failures + 1
+        return min(
+            self.config.apply_backoff_max_seconds,
+            self.config.apply_backoff_seconds * 2 ** min(failures, 20),
+        )
+
+
+def _claim_key(body: dict[str, Any]) -> tuple[str, str]:
+    meta = body["metadata"]
+    return meta["namespace"], checkpoint_claim_name(meta["name"])
+
+
+def _sooner(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)

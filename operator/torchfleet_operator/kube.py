@@ -1,0 +1,265 @@
+"""The Kubernetes client and the plan executor: the only module that writes.
+
+Rules the executor keeps so that reconciling twice changes nothing:
+* create: 409 AlreadyExists is success (children are deterministic by name);
+* delete: 404 NotFound is success;
+* one status patch per pass, and only when the status changed;
+* every other API failure is counted and handed back, never raised, so the
+  pass can report it in a condition and back off.
+
+Requests go through the client's raw REST layer with plain-dict bodies: the
+generated typed models would re-validate every pod manifest (and could drop
+fields they do not know) for no benefit here. Calls are blocking (urllib3);
+they run in worker threads, never on kopf's event loop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlencode
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from torchfleet_operator import metrics
+from torchfleet_operator.api.constants import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from torchfleet_operator.reconcile import ChildRef, EventSpec, Plan
+
+log = logging.getLogger(__name__)
+
+JOB_PATH = f"/apis/{GROUP}/{VERSION}/namespaces/{{namespace}}/{PLURAL}/{{name}}"
+_CORE_PLURALS = {
+    "Pod": "pods",
+    "Service": "services",
+    "PersistentVolumeClaim": "persistentvolumeclaims",
+    "Event": "events",
+}
+
+
+@dataclass(frozen=True)
+class ApiFailure:
+    """One refused call: what, and the apiserver's own words."""
+
+    verb: str
+    kind: str
+    name: str
+    code: int
+    message: str
+
+
+@dataclass
+class ExecutionResult:
+    created: int = 0
+    deleted: int = 0
+    job_deleted: bool = False
+    failures: list[ApiFailure] = field(default_factory=list)
+
+
+def make_api_client(kubeconfig: str | None = None, pool_size: int = 32) -> client.ApiClient:
+    """In-cluster config when running in a pod, else the kubeconfig (``$KUBECONFIG``)."""
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)
+    except config.ConfigException:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    # Several workers each fan out creates; a small urllib3 pool would
+    # serialise them and log "connection pool is full".
+    configuration.connection_pool_maxsize = pool_size
+    return client.ApiClient(configuration)
+
+
+def api_message(exc: ApiException) -> str:
+    """The apiserver's ``Status.message`` (what kubectl would print), else the reason."""
+    try:
+        body = json.loads(exc.body or "{}")
+    except (TypeError, ValueError):
+        body = {}
+    return str(body.get("message") or exc.reason or exc)
+
+
+def collection_path(api_version: str, kind: str, namespace: str) -> str:
+    """REST path of a namespaced collection (core kinds and PodGroups)."""
+    if kind in _CORE_PLURALS:
+        return f"/api/v1/namespaces/{namespace}/{_CORE_PLURALS[kind]}"
+    if kind == "PodGroup":
+        return f"/apis/{api_version}/namespaces/{namespace}/podgroups"
+    raise ValueError(f"no REST path known for {kind}")
+
+
+class RawApi:
+    """JSON in, JSON out over the client's REST layer; non-2xx raises ApiException."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: dict[str, Any] | None = None,
+        content_type: str = "application/json",
+    ) -> Any:
+        if query:
+            path = f"{path}?{urlencode(query)}"
+        _, url, headers, _, _ = self.api.param_serialize(
+            method,
+            path,
+            header_params={"Accept": "application/json", "Content-Type": content_type},
+            auth_settings=["BearerToken"],
+        )
+        response = self.api.call_api(method, url, headers, body=body, _request_timeout=30)
+        response.read()
+        if not 200 <= response.status <= 299:
+            raise ApiException.from_response(http_resp=response, body=None, data=None)
+        return json.loads(response.data) if response.data else None
+
+
+class Executor:
+    """Carries out plans against the apiserver."""
+
+    def __init__(self, api: client.ApiClient, concurrency: int) -> None:
+        self.raw = RawApi(api)
+        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="kube")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def execute(self, namespace: str, job: dict[str, Any], plan: Plan) -> ExecutionResult:
+        """Deletes, then creates (in parallel), then events; the status is separate."""
+        result = ExecutionResult()
+        deleted = self._fan_out(self._delete_pod, namespace, plan.delete)
+        result.deleted = deleted.count(None)
+        result.failures.extend(f for f in deleted if f is not None)
+        # Services and claims first: pods refer to them.
+        first = [m for m in plan.create if m["kind"] != "Pod"]
+        pods = [m for m in plan.create if m["kind"] == "Pod"]
+        for batch in (first, pods):
+            if result.failures and batch is pods:
+                break  # a refused service, claim or PodGroup: no pods without them
+            created = self._fan_out(self._create, namespace, batch)
+            result.created += created.count(None)
+            result.failures.extend(f for f in created if f is not None)
+        for event in plan.events:
+            self._post_event(namespace, job, event)
+        if plan.delete_job:
+            failure = self._delete_job(namespace, job["metadata"]["name"])
+            result.job_deleted = failure is None
+            if failure:
+                result.failures.append(failure)
+        return result
+
+    def _fan_out(
+        self,
+        call: Callable[[str, Any], ApiFailure | None],
+        namespace: str,
+        items: Iterable[Any],
+    ) -> list[ApiFailure | None]:
+        items = list(items)
+        if len(items) <= 1:
+            return [call(namespace, item) for item in items]
+        return list(self._pool.map(lambda item: call(namespace, item), items))
+
+    def _create(self, namespace: str, manifest: dict[str, Any]) -> ApiFailure | None:
+        kind, name = manifest["kind"], manifest["metadata"]["name"]
+        try:
+            self.raw.request(
+                "POST", collection_path(manifest["apiVersion"], kind, namespace), manifest
+            )
+        except ApiException as exc:
+            if exc.status == 409:  # it exists: deterministic names make that success
+                return None
+            return self._failure("create", kind, name, exc)
+        if kind == "Pod":
+            metrics.PODS_CREATED.inc()
+        return None
+
+    def _delete_pod(self, namespace: str, ref: ChildRef) -> ApiFailure | None:
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        if ref.uid:
+            # Only this incarnation: never a newer pod that reuses the name.
+            body["preconditions"] = {"uid": ref.uid}
+        if ref.grace_period_seconds is not None:
+            body["gracePeriodSeconds"] = ref.grace_period_seconds
+        try:
+            self.raw.request(
+                "DELETE", f"{collection_path('v1', 'Pod', namespace)}/{ref.name}", body
+            )
+        except ApiException as exc:
+            # 404: already gone. 409: the uid precondition failed, so the pod
+            # under that name is a newer one and is not ours to delete.
+            if exc.status in (404, 409):
+                return None
+            return self._failure("delete", "Pod", ref.name, exc)
+        metrics.PODS_DELETED.inc()
+        return None
+
+    def _delete_job(self, namespace: str, name: str) -> ApiFailure | None:
+        try:
+            self.raw.request(
+                "DELETE",
+                JOB_PATH.format(namespace=namespace, name=name),
+                {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"},
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            return self._failure("delete", KIND, name, exc)
+        return None
+
+    def write_status(self, namespace: str, name: str, status: dict[str, Any]) -> ApiFailure | None:
+        """The pass's one status write: a merge patch of the status subresource."""
+        try:
+            self.raw.request(
+                "PATCH",
+                JOB_PATH.format(namespace=namespace, name=name) + "/status",
+                {"status": status},
+                content_type="application/merge-patch+json",
+            )
+        except ApiException as exc:
+            if exc.status == 404:  # deleted meanwhile: nothing left to report on
+                return None
+            return self._failure("patch", f"{KIND}/status", name, exc)
+        return None
+
+    def _post_event(self, namespace: str, job: dict[str, Any], event: EventSpec) -> None:
+        meta = job["metadata"]
+        now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "name": meta["name"],
+                "namespace": namespace,
+                "uid": meta.get("uid"),
+            },
+            "type": event.type,
+            "reason": event.reason,
+            "message": event.message[:1024],
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+            "source": {"component": "torchfleet-operator"},
+        }
+        try:
+            self.raw.request("POST", collection_path("v1", "Event", namespace), body)
+        except ApiException as exc:  # events are best effort; the status is the record
+            self._failure("create", "Event", event.reason, exc)
+
+    @staticmethod
+    def _failure(verb: str, kind: str, name: str, exc: ApiException) -> ApiFailure:
+        code = int(exc.status or 0)
+        metrics.API_ERRORS.labels(verb=verb, resource=kind, code=str(code)).inc()
+        message = api_message(exc)
+        log.warning("%s %s %s failed (%s): %s", verb, kind, name, code, message)
+        return ApiFailure(verb=verb, kind=kind, name=name, code=code, message=message)

@@ -1,0 +1,106 @@
+"""``torchfleet-operator``: run the TrainingJob operator (kopf) against a cluster.
+
+Watches every namespace by default (``--namespace`` narrows it), runs
+standalone (no kopf peering) unless ``--peering`` names a peering object,
+serves kopf's liveness probe and the operator's Prometheus metrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+import kopf
+
+from torchfleet_operator import metrics
+from torchfleet_operator.config import OperatorConfig
+from torchfleet_operator.controller import Controller
+from torchfleet_operator.kube import Executor, make_api_client
+
+DEFAULT_IMAGE = "ghcr.io/torchfleet/trainer:0.1.0"
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="torchfleet-operator", description=__doc__)
+    parser.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        default=[],
+        help="watch only this namespace (repeatable; glob patterns allowed); "
+        "default: all namespaces",
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        default=os.environ.get("KUBECONFIG"),
+        help="kubeconfig path (default: $KUBECONFIG, else in-cluster)",
+    )
+    parser.add_argument(
+        "--peering",
+        default=None,
+        help="kopf peering object name for an HA pair (default: standalone)",
+    )
+    parser.add_argument("--health-address", default="0.0.0.0")
+    parser.add_argument(
+        "--health-port",
+        type=int,
+        default=int(os.environ.get("TORCHFLEET_OPERATOR_HEALTH_PORT", "8080")),
+        help="liveness endpoint port (/healthz)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(os.environ.get("TORCHFLEET_OPERATOR_METRICS_PORT", "9090")),
+        help="Prometheus /metrics port; 0 disables",
+    )
+    parser.add_argument(
+        "--trainer-image",
+        default=os.environ.get("TORCHFLEET_OPERATOR_TRAINER_IMAGE", DEFAULT_IMAGE),
+        help="image of pods whose job sets no spec.image",
+    )
+    parser.add_argument(
+        "--log-level", default=os.environ.get("TORCHFLEET_OPERATOR_LOG_LEVEL", "INFO")
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        config = OperatorConfig.from_env()
+    except ValueError as exc:
+        print(f"torchfleet-operator: {exc}", file=sys.stderr)
+        return 2
+    # Registers the handlers with kopf's default registry.
+    from torchfleet_operator import handlers  # noqa: F401
+
+    api = make_api_client(args.kubeconfig, pool_size=config.workers * config.api_concurrency)
+    # kopf's own client reads the same kubeconfig.
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig
+    controller = Controller(config, Executor(api, config.api_concurrency), args.trainer_image)
+    if args.metrics_port:
+        metrics.serve(args.metrics_port, args.health_address)
+    asyncio.run(
+        kopf.operator(
+            standalone=args.peering is None,
+            peering_name=args.peering,
+            clusterwide=not args.namespace,
+            namespaces=args.namespace,
+            liveness_endpoint=f"http://{args.health_address}:{args.health_port}/healthz",
+            memo=kopf.Memo(controller=controller),
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

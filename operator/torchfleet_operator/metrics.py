@@ -1,0 +1,63 @@
+"""The operator's own Prometheus metrics (not the trainer's).
+
+The default registry is used on purpose: it already carries the process
+collector (``process_resident_memory_bytes``, ``process_cpu_seconds_total``),
+which the benchmark reads to report the operator's RSS and CPU time.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Hashable
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+JOBS = Gauge("torchfleet_operator_jobs", "TrainingJobs known to this operator, by phase", ["phase"])
+RECONCILE_SECONDS = Histogram(
+    "torchfleet_operator_reconcile_duration_seconds",
+    "Wall time of one reconcile pass (observe, plan, execute, status write)",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+RECONCILE_ERRORS = Counter(
+    "torchfleet_operator_reconcile_errors_total", "Reconcile passes that raised unexpectedly"
+)
+GANG_RESTARTS = Counter(
+    "torchfleet_operator_gang_restarts_total", "Whole-gang restarts started", ["reason"]
+)
+PODS_CREATED = Counter("torchfleet_operator_pods_created_total", "Pods created")
+PODS_DELETED = Counter("torchfleet_operator_pods_deleted_total", "Pods deleted")
+API_ERRORS = Counter(
+    "torchfleet_operator_api_errors_total",
+    "Kubernetes API calls that failed (409 on create and 404 on delete are not errors)",
+    ["verb", "resource", "code"],
+)
+QUEUE_DEPTH = Gauge("torchfleet_operator_workqueue_depth", "Job keys waiting for a worker")
+
+
+class PhaseTracker:
+    """Keeps ``torchfleet_operator_jobs{phase}`` equal to the jobs' latest phases."""
+
+    def __init__(self) -> None:
+        self._phases: dict[Hashable, str] = {}
+        self._lock = threading.Lock()
+
+    def set(self, key: Hashable, phase: str) -> None:
+        with self._lock:
+            old = self._phases.get(key)
+            if old == phase:
+                return
+            if old is not None:
+                JOBS.labels(phase=old).dec()
+            self._phases[key] = phase
+            JOBS.labels(phase=phase).inc()
+
+    def forget(self, key: Hashable) -> None:
+        with self._lock:
+            old = self._phases.pop(key, None)
+            if old is not None:
+                JOBS.labels(phase=old).dec()
+
+
+def serve(port: int, address: str = "0.0.0.0") -> None:
+    """Serves ``/metrics`` from a daemon thread."""
+    start_http_server(port, addr=address)

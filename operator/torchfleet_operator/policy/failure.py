@@ -1,0 +1,59 @@
+"""Which failures restart the gang, which fail the job, and how long to wait.
+
+A pod taken away by the platform (evicted, preempted, its node lost, deleted
+under a running gang) is never the code's fault: always retryable. A pod that
+exited is classified by the job's runPolicy: explicit exit-code lists first,
+then restartPolicy (OnFailure: retry; Never: fail; ExitCode: 1-127 are the
+program's own errors and fail, 128+ are signals such as OOM kill and retry).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+# Exit codes from 128 up mean "killed by signal (code - 128)": 137 = SIGKILL
+# (often the OOM killer), 143 = SIGTERM (preemption, drain).
+FIRST_SIGNAL_EXIT_CODE = 128
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One reason the current gang cannot go on."""
+
+    pod: str
+    reason: str  # PodFailed, Evicted, NodeLost, PodDeleted, ...
+    exit_code: int | None
+    retryable: bool
+    message: str
+
+    def describe(self) -> str:
+        code = f" with exit code {self.exit_code}" if self.exit_code is not None else ""
+        detail = f": {self.message}" if self.message else ""
+        return f"pod {self.pod} {self.reason}{code}{detail}"
+
+
+def exit_is_retryable(
+    restart_policy: str,
+    exit_code: int | None,
+    retryable_codes: Collection[int] = (),
+    permanent_codes: Collection[int] = (),
+) -> bool:
+    if exit_code is not None and exit_code in permanent_codes:
+        return False
+    if exit_code is not None and exit_code in retryable_codes:
+        return True
+    if restart_policy == "Never":
+        return False
+    if restart_policy == "ExitCode":
+        # No exit code (e.g. the container never started): not the program's verdict.
+        return exit_code is None or exit_code >= FIRST_SIGNAL_EXIT_CODE
+    return True  # OnFailure
+
+
+def restart_backoff(restarts_so_far: int, base: float, cap: float) -> float:
+    """Seconds to wait before starting gang number ``restarts_so_far + 1``."""
+    if base <= 0:
+        return 0.0
+    # min() before the power keeps huge restart counts from overflowing.
+    return min(cap, base * 2 ** min(restarts_so_far, 32))

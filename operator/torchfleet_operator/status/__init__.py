@@ -1,0 +1,1 @@
+"""Status arithmetic: phases, conditions and pod counts. Pure functions."""

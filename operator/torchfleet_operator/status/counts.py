@@ -1,0 +1,34 @@
+"""Pod counts per role for status.replicaStatuses and status.nodesReady."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from torchfleet_operator.build.names import MASTER_ROLE, WORKER_ROLE
+from torchfleet_operator.observed import ObservedPod
+
+
+def replica_statuses(pods: Iterable[ObservedPod]) -> dict[str, Any]:
+    counts = {
+        role: {"active": 0, "ready": 0, "succeeded": 0, "failed": 0}
+        for role in (MASTER_ROLE, WORKER_ROLE)
+    }
+    for pod in pods:
+        role = counts.get(pod.role)
+        if role is None:
+            continue
+        if pod.phase == "Succeeded":
+            role["succeeded"] += 1
+        elif pod.phase == "Failed":
+            role["failed"] += 1
+        elif not pod.deleting:
+            role["active"] += 1
+            if pod.phase == "Running":
+                role["ready"] += 1
+    return counts
+
+
+def nodes_ready(pods: Iterable[ObservedPod], nodes: int) -> str:
+    ready = sum(1 for pod in pods if pod.phase == "Running" and not pod.deleting)
+    return f"{ready}/{nodes}"

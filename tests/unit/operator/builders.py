@@ -1,0 +1,73 @@
+"""Small builders for operator unit tests: a job body, observed pods, a clock."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from torchfleet_operator.build.pods import pod_name_for_rank
+from torchfleet_operator.config import OperatorConfig
+from torchfleet_operator.observed import Observed, ObservedPod
+
+T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+CONFIG = OperatorConfig(
+    restart_backoff_seconds=10, restart_backoff_max_seconds=300, node_lost_grace_seconds=30
+)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def stamp(seconds: float) -> str:
+    return at(seconds).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def job(
+    name: str = "llm", workers: int = 2, status: dict[str, Any] | None = None, **spec: Any
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "apiVersion": "torchfleet.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name, "namespace": "team", "uid": "uid-1", "generation": 1},
+        "spec": {"worker": {"replicas": workers}, **copy.deepcopy(spec)},
+    }
+    if status is not None:
+        body["status"] = status
+    return body
+
+
+def pod(
+    job_name: str, rank: int, restart: int = 0, phase: str = "Running", **fields: Any
+) -> ObservedPod:
+    return ObservedPod(
+        name=pod_name_for_rank(job_name, rank),
+        uid=f"{job_name}-{rank}-{restart}",
+        role="master" if rank == 0 else "worker",
+        node_rank=rank,
+        restart=restart,
+        phase=phase,
+        node_name=fields.pop("node_name", "node-a"),
+        **fields,
+    )
+
+
+def gang(
+    job_name: str = "llm",
+    nodes: int = 3,
+    restart: int = 0,
+    phase: str = "Running",
+    **overrides: ObservedPod,
+) -> tuple[ObservedPod, ...]:
+    """All pods of one generation; ``overrides`` replaces pods by name."""
+    pods = [pod(job_name, rank, restart, phase) for rank in range(nodes)]
+    return tuple(overrides.get(p.name, p) for p in pods)
+
+
+def observed(*pods: ObservedPod, **fields: Any) -> Observed:
+    return Observed(pods=tuple(pods), has_service=True, **fields)
+
+
+def running_status(restart: int = 0, **extra: Any) -> dict[str, Any]:
+    return {"phase": "Running", "restartCount": restart, "startTime": stamp(0), **extra}
