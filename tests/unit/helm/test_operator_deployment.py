@@ -1,0 +1,154 @@
+"""The operator Deployment: one kopf process, locked down, probed, and
+configured from the chart's values."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from tests.fixtures.helm import CHART, CI_VALUES, RELEASE_NAMESPACE, Helm, find_object
+
+CHART_META = yaml.safe_load((CHART / "Chart.yaml").read_text())
+
+
+def operator_container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    containers = find_object(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert [c["name"] for c in containers] == ["operator"]
+    return containers[0]
+
+
+def env_of(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container["env"] if "value" in e}
+
+
+def test_a_single_operator_is_replaced_never_rolled(helm: Helm) -> None:
+    spec = find_object(helm.template(), "Deployment")["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+
+
+def test_operator_pod_meets_the_restricted_pod_security_standard(helm: Helm) -> None:
+    objects = helm.template()
+    pod = find_object(objects, "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
+
+    security = operator_container(objects)["securityContext"]
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["runAsNonRoot"] is True
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert "privileged" not in security
+
+    # A read-only root needs somewhere writable for temporary files.
+    mounts = {m["mountPath"]: m["name"] for m in operator_container(objects)["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes[mounts["/tmp"]]
+
+
+def test_operator_has_requests_and_limits(helm: Helm) -> None:
+    resources = operator_container(helm.template())["resources"]
+    for bound in ("requests", "limits"):
+        assert set(resources[bound]) >= {"cpu", "memory"}, bound
+
+
+def test_liveness_probe_asks_kopfs_health_endpoint_on_the_port_kopf_serves(helm: Helm) -> None:
+    container = operator_container(helm.template(set_values={"operator.healthPort": 9090}))
+    probe = container["livenessProbe"]["httpGet"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert probe["path"] == "/healthz"
+    assert ports[probe["port"]] == 9090
+    assert "--liveness-port=9090" in container["args"]
+
+
+def test_metrics_service_reaches_the_operators_metrics_port(helm: Helm) -> None:
+    objects = helm.template(set_values={"operator.metricsPort": 9100})
+    service = find_object(objects, "Service")
+    pod_labels = find_object(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    container = operator_container(objects)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    (service_port,) = service["spec"]["ports"]
+    assert ports[service_port["targetPort"]] == 9100
+    assert "--metrics-port=9100" in container["args"]
+
+
+def test_operator_settings_reach_the_operator(helm: Helm) -> None:
+    # ci/cluster-wide-values.yaml sets every operator default.
+    container = operator_container(helm.template([CI_VALUES / "cluster-wide-values.yaml"]))
+    assert "--log-level=debug" in container["args"]
+    assert "--all-namespaces" in container["args"]
+    assert not [a for a in container["args"] if a.startswith("--namespace")]
+    env = env_of(container)
+    assert (
+        env["TORCHFLEET_OPERATOR_DEFAULT_TRAINER_IMAGE"]
+        == "registry.example.com/ml/trainer:2026.11"
+    )
+    assert env["TORCHFLEET_OPERATOR_DEFAULT_SHM_SIZE"] == "32Gi"
+    assert env["TORCHFLEET_OPERATOR_RESTART_BACKOFF_SECONDS"] == "5"
+    assert env["TORCHFLEET_OPERATOR_RESTART_BACKOFF_MAX_SECONDS"] == "120"
+    assert container["image"] == "ghcr.io/torchfleet/operator:ci"
+
+
+def test_watched_namespaces_become_namespace_flags_once_each(helm: Helm) -> None:
+    container = operator_container(helm.template([CI_VALUES / "namespaced-values.yaml"]))
+    namespaces = [a for a in container["args"] if a.startswith("--namespace")]
+    assert namespaces == ["--namespace=team-a", "--namespace=team-b"]
+    assert "--all-namespaces" not in container["args"]
+
+
+def test_images_default_to_the_chart_app_version(helm: Helm) -> None:
+    container = operator_container(helm.template())
+    app_version = CHART_META["appVersion"]
+    assert container["image"] == f"ghcr.io/torchfleet/operator:{app_version}"
+    trainer = env_of(container)["TORCHFLEET_OPERATOR_DEFAULT_TRAINER_IMAGE"]
+    assert trainer == f"ghcr.io/torchfleet/trainer:{app_version}"
+
+
+def test_an_image_digest_pins_the_image(helm: Helm) -> None:
+    digest = "sha256:" + "ab" * 32
+    container = operator_container(
+        helm.template(set_values={"operator.image.digest": digest, "operator.image.tag": "v9"})
+    )
+    assert container["image"] == f"ghcr.io/torchfleet/operator@{digest}"
+
+
+def test_extra_env_and_scheduling_values_are_passed_through(helm: Helm) -> None:
+    toleration = {"key": "dedicated", "operator": "Equal", "value": "ops", "effect": "NoSchedule"}
+    objects = helm.template(
+        set_values={
+            "operator.extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}],
+            "operator.tolerations": [toleration],
+            "operator.nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
+            "operator.priorityClassName": "system-cluster-critical",
+        }
+    )
+    pod = find_object(objects, "Deployment")["spec"]["template"]["spec"]
+    assert env_of(pod["containers"][0])["HTTPS_PROXY"] == "http://proxy:3128"
+    assert pod["tolerations"] == [toleration]
+    assert pod["nodeSelector"] == {"node-role.kubernetes.io/control-plane": ""}
+    assert pod["priorityClassName"] == "system-cluster-critical"
+
+
+def test_namespaced_objects_land_in_the_release_namespace(helm: Helm) -> None:
+    for obj in helm.template([CI_VALUES / "monitoring-values.yaml"]):
+        kind, meta = obj["kind"], obj["metadata"]
+        if kind in {"ClusterRole", "ClusterRoleBinding"}:
+            assert "namespace" not in meta, kind
+        elif kind == "ConfigMap":  # the dashboard goes where Grafana looks
+            assert meta["namespace"] == "monitoring"
+        else:
+            assert meta["namespace"] == RELEASE_NAMESPACE, kind
+
+
+def test_every_object_carries_the_standard_labels(helm: Helm) -> None:
+    for obj in helm.template([CI_VALUES / "monitoring-values.yaml"]):
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/name"] == "torchfleet", obj["kind"]
+        assert labels["app.kubernetes.io/instance"] == "torchfleet", obj["kind"]
+        assert labels["app.kubernetes.io/managed-by"] == "Helm", obj["kind"]
+        assert labels["helm.sh/chart"] == f"torchfleet-{CHART_META['version']}", obj["kind"]

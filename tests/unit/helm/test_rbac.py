@@ -1,0 +1,177 @@
+"""The chart's RBAC: exactly what the operator uses, in both modes, and never
+anything an operator of training jobs has no business holding."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.fixtures.helm import CI_VALUES, RELEASE_NAMESPACE, Helm, find_object, find_objects
+
+Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
+
+
+def _grants(*groups: str, resources: tuple[str, ...], verbs: str) -> set[Grant]:
+    return {(g, r, v) for g in groups for r in resources for v in verbs.split()}
+
+
+# What the operator does, namespaced: kopf watches and patches TrainingJobs
+# (annotations, finalizers); the operator writes status, deletes a job past its
+# TTL, owns children with blockOwnerDeletion (finalizers update), builds the
+# gang, posts Events and, when asked, a PodGroup.
+NAMESPACED_GRANTS = (
+    _grants(
+        "torchfleet.dev", resources=("trainingjobs",), verbs="get list watch patch update delete"
+    )
+    | _grants("torchfleet.dev", resources=("trainingjobs/status",), verbs="get patch update")
+    | _grants("torchfleet.dev", resources=("trainingjobs/finalizers",), verbs="update")
+    | _grants("", resources=("pods",), verbs="get list watch create delete patch")
+    | _grants(
+        "", resources=("services", "persistentvolumeclaims"), verbs="get list watch create delete"
+    )
+    | _grants("", "events.k8s.io", resources=("events",), verbs="create patch")
+)
+PODGROUP_GRANTS = {
+    group: _grants(group, resources=("podgroups",), verbs="get list watch create delete")
+    for group in ("scheduling.x-k8s.io", "scheduling.volcano.sh")
+}
+# Cluster-scoped, in both modes: kopf watches CRDs to follow TrainingJob's.
+CLUSTER_GRANTS = _grants(
+    "apiextensions.k8s.io", resources=("customresourcedefinitions",), verbs="get list watch"
+)
+
+# Never: reading credentials, running code in pods, changing RBAC, acting as
+# someone else.
+FORBIDDEN_RESOURCES = {
+    "secrets",
+    "pods/exec",
+    "pods/attach",
+    "pods/portforward",
+    "serviceaccounts/token",
+}
+FORBIDDEN_VERBS = {"escalate", "bind", "impersonate", "*"}
+
+
+def grants_of(rules: list[dict[str, Any]]) -> set[Grant]:
+    return {
+        (group, resource, verb)
+        for rule in rules
+        for group in rule.get("apiGroups", [])
+        for resource in rule.get("resources", [])
+        for verb in rule["verbs"]
+    }
+
+
+def test_cluster_wide_mode_grants_exactly_what_the_operator_uses(helm: Helm) -> None:
+    objects = helm.template()
+    cluster_role = find_object(objects, "ClusterRole")
+    expected = CLUSTER_GRANTS | NAMESPACED_GRANTS | set().union(*PODGROUP_GRANTS.values())
+    assert grants_of(cluster_role["rules"]) == expected
+    assert not find_objects(objects, "Role")
+    assert not find_objects(objects, "RoleBinding")
+
+    binding = find_object(objects, "ClusterRoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": cluster_role["metadata"]["name"],
+    }
+    account = find_object(objects, "ServiceAccount")
+    assert binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": account["metadata"]["name"],
+            "namespace": RELEASE_NAMESPACE,
+        }
+    ]
+    deployment = find_object(objects, "Deployment")
+    assert (
+        deployment["spec"]["template"]["spec"]["serviceAccountName"] == account["metadata"]["name"]
+    )
+
+
+def test_namespaced_mode_confines_namespaced_grants_to_watched_namespaces(helm: Helm) -> None:
+    # ci/namespaced-values.yaml: team-a, team-b (team-a listed twice), Volcano only.
+    objects = helm.template([CI_VALUES / "namespaced-values.yaml"])
+    roles = find_objects(objects, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    for role in roles:
+        assert (
+            grants_of(role["rules"]) == NAMESPACED_GRANTS | PODGROUP_GRANTS["scheduling.volcano.sh"]
+        )
+
+    bindings = find_objects(objects, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    account = find_object(objects, "ServiceAccount")["metadata"]["name"]
+    for binding in bindings:
+        role_in_same_namespace = next(
+            r for r in roles if r["metadata"]["namespace"] == binding["metadata"]["namespace"]
+        )
+        assert binding["roleRef"]["kind"] == "Role"
+        assert binding["roleRef"]["name"] == role_in_same_namespace["metadata"]["name"]
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": account, "namespace": RELEASE_NAMESPACE}
+        ]
+
+    # The one ClusterRole left holds cluster-scoped reads only.
+    assert grants_of(find_object(objects, "ClusterRole")["rules"]) == CLUSTER_GRANTS
+
+
+@pytest.mark.parametrize(
+    "values_file",
+    [None, *sorted(CI_VALUES.glob("*.yaml"))],
+    ids=lambda p: p.name if p else "default",
+)
+def test_no_values_file_grants_secrets_exec_rbac_or_wildcards(helm: Helm, values_file: Any) -> None:
+    objects = helm.template([values_file] if values_file else [])
+    roles = find_objects(objects, "ClusterRole") + find_objects(objects, "Role")
+    assert roles, "the chart rendered no RBAC at all"
+    for role in roles:
+        for rule in role["rules"]:
+            assert "nonResourceURLs" not in rule, rule
+            assert "*" not in rule["apiGroups"] and "*" not in rule["resources"], rule
+            assert "rbac.authorization.k8s.io" not in rule["apiGroups"], rule
+            assert not FORBIDDEN_RESOURCES & set(rule["resources"]), rule
+            assert not FORBIDDEN_VERBS & set(rule["verbs"]), rule
+            assert "resourceNames" not in rule or rule["resourceNames"], rule
+
+
+def test_podgroup_access_follows_the_configured_scheduler_apis(helm: Helm) -> None:
+    objects = helm.template(set_values={"rbac.podGroupAPIGroups": []})
+    groups = {
+        g
+        for g, resource, _ in grants_of(find_object(objects, "ClusterRole")["rules"])
+        if resource == "podgroups"
+    }
+    assert groups == set()
+
+    objects = helm.template(set_values={"rbac.podGroupAPIGroups": ["scheduling.x-k8s.io"]})
+    rules = find_object(objects, "ClusterRole")["rules"]
+    assert {g for g, r, _ in grants_of(rules) if r == "podgroups"} == {"scheduling.x-k8s.io"}
+
+
+def test_rbac_and_service_account_can_be_left_to_the_cluster_admin(helm: Helm) -> None:
+    objects = helm.template(
+        set_values={
+            "rbac.create": False,
+            "serviceAccount.create": False,
+            "serviceAccount.name": "ops-managed",
+        }
+    )
+    kinds = {o["kind"] for o in objects}
+    assert not kinds & {
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "ServiceAccount",
+    }
+    pod_spec = find_object(objects, "Deployment")["spec"]["template"]["spec"]
+    assert pod_spec["serviceAccountName"] == "ops-managed"
+
+
+def test_an_existing_service_account_must_be_named(helm: Helm) -> None:
+    out = helm.run(*helm.template_args(set_values={"serviceAccount.create": False}), check=False)
+    assert out.returncode != 0
+    assert "serviceAccount.name is required" in out.stderr
