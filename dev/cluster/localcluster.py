@@ -26,12 +26,21 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-TOOLS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok", "helm")
+TOOLS = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+    "kwok",
+    "helm",
+)
 # Started in this order, stopped in reverse.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
@@ -81,15 +90,25 @@ class LocalCluster:
         shutil.rmtree(self.root / "etcd", ignore_errors=True)
         t0 = time.monotonic()
         self._start("etcd", self._etcd_args())
-        wait_for(lambda: self._http_ok(f"http://127.0.0.1:{self.ports.etcd_client}/health"), "etcd /health")
+        wait_for(
+            lambda: self._http_ok(f"http://127.0.0.1:{self.ports.etcd_client}/health"),
+            "etcd /health",
+        )
         self._start("kube-apiserver", self._apiserver_args())
-        wait_for(lambda: self._https_ok(self.ports.apiserver, "/readyz"), "kube-apiserver /readyz", 120)
+        wait_for(
+            lambda: self._https_ok(self.ports.apiserver, "/readyz"), "kube-apiserver /readyz", 120
+        )
         self._start("kube-controller-manager", self._controller_manager_args())
         self._start("kube-scheduler", self._scheduler_args())
-        wait_for(lambda: self._https_ok(self.ports.controller_manager, "/healthz"), "controller-manager /healthz")
+        wait_for(
+            lambda: self._https_ok(self.ports.controller_manager, "/healthz"),
+            "controller-manager /healthz",
+        )
         wait_for(lambda: self._https_ok(self.ports.scheduler, "/healthz"), "scheduler /healthz")
         self._start("kwok", self._kwok_args())
-        wait_for(lambda: self._http_ok(f"http://127.0.0.1:{self.ports.kwok}/healthz"), "kwok /healthz")
+        wait_for(
+            lambda: self._http_ok(f"http://127.0.0.1:{self.ports.kwok}/healthz"), "kwok /healthz"
+        )
         self._create_fake_nodes(nodes)
         wait_for(lambda: self._ready_nodes() >= nodes, f"{nodes} fake nodes Ready", 60)
         wait_for(self._default_service_account_exists, "default ServiceAccount", 60)
@@ -231,35 +250,90 @@ class LocalCluster:
         p = self.pki
         if (p / "admin.crt").exists():
             return
-        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "3650",
-                "-keyout", p / "ca.key", "-out", p / "ca.crt", "-subj", "/CN=torchfleet-local-ca")
-        sans = "DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc," \
-               "DNS:kubernetes.default.svc.cluster.local,IP:127.0.0.1,IP:10.96.0.1"
+        openssl(
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "3650",
+            "-keyout",
+            p / "ca.key",
+            "-out",
+            p / "ca.crt",
+            "-subj",
+            "/CN=torchfleet-local-ca",
+        )
+        sans = (
+            "DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,"
+            "DNS:kubernetes.default.svc.cluster.local,IP:127.0.0.1,IP:10.96.0.1"
+        )
         self._signed_cert("apiserver", "/CN=kube-apiserver", f"subjectAltName={sans}")
         # system:masters is the cluster-admin group; tests and the control
         # plane components use it. Least-privilege tests mint their own tokens.
-        self._signed_cert("admin", "/O=system:masters/CN=torchfleet-admin", "extendedKeyUsage=clientAuth")
+        self._signed_cert(
+            "admin", "/O=system:masters/CN=torchfleet-admin", "extendedKeyUsage=clientAuth"
+        )
         openssl("genrsa", "-out", p / "sa.key", "2048")
         openssl("rsa", "-in", p / "sa.key", "-pubout", "-out", p / "sa.pub")
 
     def _signed_cert(self, name: str, subject: str, extension: str) -> None:
         p = self.pki
-        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", p / f"{name}.key",
-                "-out", p / f"{name}.csr", "-subj", subject)
-        openssl("x509", "-req", "-in", p / f"{name}.csr", "-CA", p / "ca.crt", "-CAkey", p / "ca.key",
-                "-CAcreateserial", "-days", "3650", "-out", p / f"{name}.crt",
-                "-extfile", "/dev/stdin", stdin=extension)
+        openssl(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            p / f"{name}.key",
+            "-out",
+            p / f"{name}.csr",
+            "-subj",
+            subject,
+        )
+        openssl(
+            "x509",
+            "-req",
+            "-in",
+            p / f"{name}.csr",
+            "-CA",
+            p / "ca.crt",
+            "-CAkey",
+            p / "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "3650",
+            "-out",
+            p / f"{name}.crt",
+            "-extfile",
+            "/dev/stdin",
+            stdin=extension,
+        )
 
     def _write_kubeconfigs(self) -> None:
         p = self.pki
         config = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "torchfleet", "cluster": {
-                "server": self.server, "certificate-authority": str(p / "ca.crt")}}],
-            "users": [{"name": "admin", "user": {
-                "client-certificate": str(p / "admin.crt"), "client-key": str(p / "admin.key")}}],
-            "contexts": [{"name": "torchfleet", "context": {"cluster": "torchfleet", "user": "admin"}}],
+            "clusters": [
+                {
+                    "name": "torchfleet",
+                    "cluster": {"server": self.server, "certificate-authority": str(p / "ca.crt")},
+                }
+            ],
+            "users": [
+                {
+                    "name": "admin",
+                    "user": {
+                        "client-certificate": str(p / "admin.crt"),
+                        "client-key": str(p / "admin.key"),
+                    },
+                }
+            ],
+            "contexts": [
+                {"name": "torchfleet", "context": {"cluster": "torchfleet", "user": "admin"}}
+            ],
             "current-context": "torchfleet",
         }
         # JSON is valid YAML, and kubectl and client libraries read either.
@@ -276,7 +350,9 @@ class LocalCluster:
     def kubectl(self, *args: str, stdin: str | None = None) -> str:
         out = subprocess.run(
             [str(self.bin / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
-            input=stdin, capture_output=True, text=True,
+            input=stdin,
+            capture_output=True,
+            text=True,
         )
         if out.returncode != 0:
             raise ClusterError(f"kubectl {' '.join(args)}: {out.stderr.strip()}")
@@ -285,12 +361,20 @@ class LocalCluster:
     def _create_fake_nodes(self, count: int) -> None:
         template = (HERE / "fake-gpu-node.json").read_text()
         items = [json.loads(template.replace("NODE_NAME", f"gpu-node-{i}")) for i in range(count)]
-        self.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+        self.kubectl(
+            "apply",
+            "-f",
+            "-",
+            stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}),
+        )
 
     def _ready_nodes(self) -> int:
-        nodes = json.loads(self.kubectl("get", "nodes", "-l", "torchfleet.dev/fake-node=true", "-o", "json"))
+        nodes = json.loads(
+            self.kubectl("get", "nodes", "-l", "torchfleet.dev/fake-node=true", "-o", "json")
+        )
         return sum(
-            1 for n in nodes["items"]
+            1
+            for n in nodes["items"]
             for c in n.get("status", {}).get("conditions", [])
             if c["type"] == "Ready" and c["status"] == "True"
         )
@@ -320,13 +404,16 @@ class LocalCluster:
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
         try:
-            with urllib.request.urlopen(f"https://127.0.0.1:{port}{path}", timeout=2, context=ctx) as r:
+            with urllib.request.urlopen(
+                f"https://127.0.0.1:{port}{path}", timeout=2, context=ctx
+            ) as r:
                 return r.status == 200
         except (urllib.error.URLError, OSError, ssl.SSLError):
             return False
 
 
 # ---- helpers -------------------------------------------------------------
+
 
 def log(msg: str) -> None:
     print(f"[cluster] {msg}", file=sys.stderr, flush=True)
@@ -338,15 +425,19 @@ def build_tools() -> Path:
 
 
 def openssl(*args: object, stdin: str | None = None) -> None:
-    subprocess.run(["openssl", *map(str, args)], check=True, input=stdin, text=True, capture_output=True)
+    subprocess.run(
+        ["openssl", *map(str, args)], check=True, input=stdin, text=True, capture_output=True
+    )
 
 
-def wait_for(ready, what: str, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+def wait_for(ready: Callable[[], object], what: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     delay = 0.05
     while not ready():
         if time.monotonic() > deadline:
-            raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}; see .cluster/logs/")
+            raise ClusterError(
+                f"timed out after {timeout:.0f}s waiting for {what}; see .cluster/logs/"
+            )
         time.sleep(delay)
         delay = min(delay * 2, 1.0)
 
@@ -379,7 +470,9 @@ def stop_process(pid: int, grace: float = 10.0) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("command", choices=["up", "down", "status", "build"])
     parser.add_argument("--nodes", type=int, default=4, help="fake GPU nodes to create (default 4)")
     args = parser.parse_args()

@@ -30,25 +30,31 @@ def eventually(probe: Callable[[], Any], what: str, timeout: float = 60) -> Any:
         time.sleep(0.25)
 
 
-def pod_manifest(name: str, gpus: int = 0, labels: dict[str, str] | None = None, **meta: Any) -> str:
+def pod_manifest(
+    name: str, gpus: int = 0, labels: dict[str, str] | None = None, **meta: Any
+) -> str:
     resources = {"limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {}
-    return json.dumps({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": labels or {}, **meta},
-        "spec": {
-            "containers": [{"name": "main", "image": "busybox", "resources": resources}],
-            # Land only on KWOK's fake nodes, never on a local e2e node.
-            "nodeSelector": {"torchfleet.dev/fake-node": "true"},
-        },
-    })
+    return json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "labels": labels or {}, **meta},
+            "spec": {
+                "containers": [{"name": "main", "image": "busybox", "resources": resources}],
+                # Land only on KWOK's fake nodes, never on a local e2e node.
+                "nodeSelector": {"torchfleet.dev/fake-node": "true"},
+            },
+        }
+    )
 
 
 def pod(cluster: Cluster, ns: str, name: str) -> dict[str, Any]:
     return cluster.get_json("pod", name, "-n", ns)
 
 
-def phase_is(cluster: Cluster, ns: str, name: str, phase: str) -> Callable[[], dict[str, Any] | None]:
+def phase_is(
+    cluster: Cluster, ns: str, name: str, phase: str
+) -> Callable[[], dict[str, Any] | None]:
     def probe() -> dict[str, Any] | None:
         p = pod(cluster, ns, name)
         return p if p["status"].get("phase") == phase else None
@@ -79,11 +85,18 @@ def test_pod_with_9_gpus_is_unschedulable(cluster: Cluster, namespace: str) -> N
 
 
 def test_garbage_collector_deletes_owned_pods(cluster: Cluster, namespace: str) -> None:
-    owner = json.loads(cluster.kubectl(
-        "create", "configmap", "owner", "-n", namespace, "-o", "json").stdout)
-    ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner["metadata"]["uid"]}
-    cluster.kubectl("apply", "-n", namespace, "-f", "-",
-                    input=pod_manifest("owned", ownerReferences=[ref]))
+    owner = json.loads(
+        cluster.kubectl("create", "configmap", "owner", "-n", namespace, "-o", "json").stdout
+    )
+    ref = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "name": "owner",
+        "uid": owner["metadata"]["uid"],
+    }
+    cluster.kubectl(
+        "apply", "-n", namespace, "-f", "-", input=pod_manifest("owned", ownerReferences=[ref])
+    )
     eventually(phase_is(cluster, namespace, "owned", "Running"), "the owned pod to run")
     cluster.kubectl("delete", "configmap", "owner", "-n", namespace)
 
@@ -99,8 +112,15 @@ def test_on_demand_failure_sets_exit_code(
 ) -> None:
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=pod_manifest("victim"))
     eventually(phase_is(cluster, namespace, "victim", "Running"), "the pod to run")
-    cluster.kubectl("annotate", "pod", "victim", "-n", namespace,
-                    f"torchfleet.dev/kwok-exit-code={exit_code}", f"torchfleet.dev/kwok-reason={reason}")
+    cluster.kubectl(
+        "annotate",
+        "pod",
+        "victim",
+        "-n",
+        namespace,
+        f"torchfleet.dev/kwok-exit-code={exit_code}",
+        f"torchfleet.dev/kwok-reason={reason}",
+    )
     cluster.kubectl("label", "pod", "victim", "-n", namespace, "torchfleet.dev/kwok-fail=true")
     failed = eventually(phase_is(cluster, namespace, "victim", "Failed"), "the pod to fail")
     terminated = failed["status"]["containerStatuses"][0]["state"]["terminated"]
@@ -144,7 +164,9 @@ def test_on_demand_node_not_ready(cluster: Cluster, spare_node: str) -> None:
     eventually(tainted, "the node-lifecycle controller to taint the node not-ready")
 
 
-def test_apiserver_rejects_invalid_object_naming_the_field(cluster: Cluster, namespace: str) -> None:
+def test_apiserver_rejects_invalid_object_naming_the_field(
+    cluster: Cluster, namespace: str
+) -> None:
     bad = json.loads(pod_manifest("bad"))
     bad["spec"]["containers"][0]["name"] = "Not_A_DNS_Label"
     out = cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(bad), check=False)
