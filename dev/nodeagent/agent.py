@@ -1,0 +1,359 @@
+"""The node agent: a kubelet stand-in that runs pods as local processes.
+
+Three threads: one keeps a cache of every pod from a list+watch, one renews
+the nodes' Leases and status, and the main loop reconciles: it starts pods
+bound to its nodes, polls their processes, writes their status back, refreshes
+each pod's /etc/hosts, and stops and removes pods being deleted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from . import network
+from . import node as nodes
+from .hosts import PeerAddress, peer_at, peer_from_pod, render_hosts
+from .kube import Kube
+from .pod import NodeContext, PodRunner
+from .storage import Provisioner
+
+log = logging.getLogger("nodeagent")
+
+LOOP_SECONDS = 0.2
+HEARTBEAT_SECONDS = 10
+PROVISION_SECONDS = 1
+LEASE_SECONDS = 40
+DEFAULT_GRACE_SECONDS = 30
+
+
+@dataclass
+class AgentConfig:
+    kubeconfig: str
+    node_names: list[str]
+    state_dir: Path
+    bridge: str = "tfleet0"
+    cidr: str = "10.250.0.0/16"
+    cpu: str = str((os.cpu_count() or 1) * 8)
+    memory: str = "64Gi"
+    # The node's "image": what a container's PATH finds first.
+    bin_dir: str = ""
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+def base_env(config: AgentConfig) -> dict[str, str]:
+    """What the node's runtime puts in every container before the pod's env."""
+    path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    if config.bin_dir:
+        path = f"{config.bin_dir}:{path}"
+    return {
+        "PATH": path,
+        "HOME": "/root",
+        "LANG": "C.UTF-8",
+        # gloo picks the pod's own interface, not the loopback.
+        "GLOO_SOCKET_IFNAME": "eth0",
+        **config.extra_env,
+    }
+
+
+class Agent:
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.kube = Kube(config.kubeconfig)
+        self.bridge = network.Bridge(config.bridge, config.cidr)
+        self.contexts = {
+            name: self._node_context(index, name) for index, name in enumerate(config.node_names)
+        }
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.pods_lock = threading.Lock()
+        self.synced = threading.Event()
+        self.stopping = threading.Event()
+        self.runners: dict[str, PodRunner] = {}
+        self.reported: dict[str, str] = {}
+        self.finishing: dict[str, threading.Thread] = {}
+        self.handled: set[str] = set()
+        self.created_mountpoints: set[str] = set()
+        first = next(iter(self.contexts.values()))
+        self.provisioner = Provisioner(self.kube, first.claim_dir)
+
+    def _node_context(self, index: int, name: str) -> NodeContext:
+        network_base = self.bridge.network.network_address
+        pod_range = f"{network_base + (index + 1) * 256}/24"
+        return NodeContext(
+            node_name=name,
+            host_ip=self.bridge.gateway,
+            state_dir=self.config.state_dir,
+            bridge=self.bridge,
+            addresses=network.AddressPool(pod_range, reserved=set()),
+            base_env=base_env(self.config),
+            read_config=self.kube.read_config_map,
+            read_secret=self.kube.read_secret,
+        )
+
+    def pod_range(self, name: str) -> str:
+        network_base = self.bridge.network.network_address
+        index = self.config.node_names.index(name)
+        return f"{network_base + (index + 1) * 256}/24"
+
+    # ---- start and stop -------------------------------------------------------------
+
+    def start(self) -> None:
+        for stale in network.stale_pod_networks():
+            network.delete_pod_network(stale)
+        self.bridge.ensure()
+        self.config.state_dir.mkdir(parents=True, exist_ok=True)
+        self.node_uids = {}
+        for name in self.config.node_names:
+            self.node_uids[name] = self.kube.register_node(
+                nodes.node_manifest(name, self.pod_range(name))
+            )
+        self._heartbeat()
+        self.provisioner.ensure_storage_class()
+        threading.Thread(target=self._watch_pods, name="watch", daemon=True).start()
+        threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True).start()
+        threading.Thread(target=self._provision, name="storage", daemon=True).start()
+        if not self.synced.wait(60):
+            raise RuntimeError("could not list pods from the API server within 60s")
+        log.info(
+            "nodes %s ready; state in %s", ", ".join(self.config.node_names), self.config.state_dir
+        )
+
+    def shutdown(self, delete_nodes: bool) -> None:
+        """Stops every pod (they would not survive the agent anyway), frees the
+        network, and with ``delete_nodes`` removes the Node objects so the
+        scheduler stops placing pods where nothing runs them."""
+        self.stopping.set()
+        for runner in list(self.runners.values()):
+            runner.stop(grace_seconds=5)
+            runner.teardown()
+            if delete_nodes:
+                meta = runner.pod["metadata"]
+                self._quietly(self.kube.delete_pod_now, meta["namespace"], meta["name"], runner.uid)
+        for thread in self.finishing.values():
+            thread.join(timeout=40)
+        if delete_nodes:
+            for name in self.config.node_names:
+                self._quietly(self.kube.delete_node, name)
+        for stale in network.stale_pod_networks():
+            network.delete_pod_network(stale)
+        self.bridge.remove()
+        for path in sorted(self.created_mountpoints, key=len, reverse=True):
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
+
+    @staticmethod
+    def _quietly(call: Any, *args: Any) -> None:
+        try:
+            call(*args)
+        except Exception as error:  # best effort on the way out
+            log.warning("on shutdown: %s", error)
+
+    # ---- the pod cache ---------------------------------------------------------------
+
+    def _watch_pods(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                items, version = self.kube.list_pods()
+                with self.pods_lock:
+                    self.pods = {p["metadata"]["uid"]: p for p in items}
+                self.synced.set()
+                for event in self.kube.watch_pods(version, timeout_seconds=120):
+                    self._apply_event(event)
+                    if self.stopping.is_set():
+                        return
+            except Exception as error:
+                # A 410 Gone or a dropped connection: list afresh.
+                log.info("pod watch restarting: %s", error)
+                time.sleep(0.5)
+
+    def _apply_event(self, event: Mapping[str, Any]) -> None:
+        kind = event["type"]
+        pod = event["raw_object"]
+        if kind == "ERROR":
+            raise RuntimeError(f"watch error: {pod.get('message')}")
+        if kind == "BOOKMARK":
+            return
+        with self.pods_lock:
+            if kind == "DELETED":
+                self.pods.pop(pod["metadata"]["uid"], None)
+            else:
+                self.pods[pod["metadata"]["uid"]] = pod
+
+    # ---- heartbeats ------------------------------------------------------------------
+
+    def _heartbeats(self) -> None:
+        while not self.stopping.wait(HEARTBEAT_SECONDS):
+            try:
+                self._heartbeat()
+            except Exception as error:
+                log.warning("heartbeat failed: %s", error)
+
+    def _provision(self) -> None:
+        while not self.stopping.wait(PROVISION_SECONDS):
+            try:
+                self.provisioner.provision_pending()
+            except Exception as error:
+                log.warning("provisioning failed: %s", error)
+
+    def _heartbeat(self) -> None:
+        for name in self.config.node_names:
+            lease = nodes.lease_manifest(name, self.node_uids[name], LEASE_SECONDS)
+            self.kube.renew_lease(lease, nodes.lease_renewal())
+            status = nodes.node_status(
+                name, self.bridge.gateway, self.config.cpu, self.config.memory
+            )
+            self.kube.patch_node_status(name, status)
+
+    # ---- the reconcile loop ---------------------------------------------------------
+
+    def run_forever(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                self.reconcile()
+            except Exception:
+                log.exception("reconcile pass failed")
+            self.stopping.wait(LOOP_SECONDS)
+
+    def reconcile(self) -> None:
+        with self.pods_lock:
+            pods = dict(self.pods)
+        mine = {
+            uid: pod
+            for uid, pod in pods.items()
+            if (pod.get("spec") or {}).get("nodeName") in self.contexts
+        }
+        for uid, pod in mine.items():
+            if uid not in self.runners and uid not in self.handled:
+                self._admit(pod, pods)
+        for uid, runner in list(self.runners.items()):
+            current = mine.get(uid)
+            if current is None or current["metadata"].get("deletionTimestamp"):
+                self._finish(runner, current)
+                continue
+            runner.update_pod(current)
+            runner.tick()
+            self._report(runner)
+        self._refresh_hosts(pods)
+
+    def _admit(self, pod: dict[str, Any], pods: Mapping[str, dict[str, Any]]) -> None:
+        """Starts a pod new to this node; a pod that is already terminal,
+        being deleted, or was running under an earlier agent is not started."""
+        uid = pod["metadata"]["uid"]
+        meta = pod["metadata"]
+        status = pod.get("status") or {}
+        self.handled.add(uid)
+        if meta.get("deletionTimestamp"):
+            self.kube.delete_pod_now(meta["namespace"], meta["name"], uid)
+            return
+        if status.get("phase") in ("Succeeded", "Failed"):
+            return
+        if status.get("containerStatuses"):
+            # Its processes died with the agent that ran them.
+            self.kube.patch_pod_status(
+                meta["namespace"],
+                meta["name"],
+                {
+                    "phase": "Failed",
+                    "reason": "NodeAgentRestarted",
+                    "message": "the node agent that ran this pod was restarted",
+                },
+            )
+            return
+        runner = PodRunner(pod, self.contexts[pod["spec"]["nodeName"]])
+        self.runners[uid] = runner
+        peers = self._peers(pods)
+        runner.start(lambda ip: render_hosts(peer_at(pod, ip), peers))
+        if runner.sandbox:
+            self.created_mountpoints.update(runner.sandbox.created_mountpoints)
+        log.info("pod %s started at %s", runner.key, runner.net.ip if runner.net else "-")
+        self._report(runner)
+
+    def _report(self, runner: PodRunner) -> None:
+        """Patches the pod's status when it changed since the last report."""
+        status = runner.status()
+        signature = json.dumps(_without_times(status), sort_keys=True)
+        if self.reported.get(runner.uid) == signature:
+            return
+        meta = runner.pod["metadata"]
+        try:
+            self.kube.patch_pod_status(meta["namespace"], meta["name"], status)
+        except ApiException as error:
+            if error.status == 404:
+                return
+            raise
+        self.reported[runner.uid] = signature
+        if runner.terminal and runner.net is not None:
+            runner.teardown()
+
+    def _finish(self, runner: PodRunner, pod: dict[str, Any] | None) -> None:
+        """Stops a deleted pod's processes in the background (the grace period
+        can be long), then removes the pod object for good."""
+        if runner.uid in self.finishing:
+            thread = self.finishing[runner.uid]
+            if not thread.is_alive():
+                del self.finishing[runner.uid]
+                del self.runners[runner.uid]
+            return
+        grace = 0.0 if pod is None else _grace_seconds(pod)
+
+        def finish() -> None:
+            runner.stop(grace)
+            runner.teardown()
+            meta = runner.pod["metadata"]
+            if pod is not None:
+                self.kube.delete_pod_now(meta["namespace"], meta["name"], runner.uid)
+            log.info("pod %s stopped and removed", runner.key)
+
+        thread = threading.Thread(target=finish, name=f"finish-{runner.key}", daemon=True)
+        self.finishing[runner.uid] = thread
+        thread.start()
+
+    # ---- DNS -------------------------------------------------------------------------
+
+    def _peers(self, pods: Mapping[str, dict[str, Any]]) -> list[PeerAddress]:
+        """Every addressable pod: ours from what we know (we may not have seen
+        our own status patch come back yet), others from the API."""
+        peers: dict[str, PeerAddress] = {}
+        for uid, pod in pods.items():
+            peer = peer_from_pod(pod)
+            if peer is not None and uid not in self.runners:
+                peers[uid] = peer
+        for uid, runner in self.runners.items():
+            if runner.net is None or runner.terminal or uid in self.finishing:
+                continue
+            peers[uid] = peer_at(runner.pod, runner.net.ip)
+        return list(peers.values())
+
+    def _refresh_hosts(self, pods: Mapping[str, dict[str, Any]]) -> None:
+        peers = self._peers(pods)
+        for runner in self.runners.values():
+            if runner.sandbox is None or runner.net is None:
+                continue
+            own = peer_at(runner.pod, runner.net.ip)
+            runner.sandbox.write_hosts(render_hosts(own, peers))
+
+
+def _grace_seconds(pod: Mapping[str, Any]) -> float:
+    meta = pod["metadata"]
+    if meta.get("deletionGracePeriodSeconds") is not None:
+        return float(meta["deletionGracePeriodSeconds"])
+    spec_grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds")
+    return float(spec_grace if spec_grace is not None else DEFAULT_GRACE_SECONDS)
+
+
+def _without_times(status: Mapping[str, Any]) -> dict[str, Any]:
+    conditions = [
+        {k: v for k, v in c.items() if k != "lastTransitionTime"}
+        for c in status.get("conditions") or []
+    ]
+    return {**status, "conditions": conditions}

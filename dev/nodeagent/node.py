@@ -1,0 +1,110 @@
+"""The Node objects this agent stands for: registration and heartbeats."""
+
+from __future__ import annotations
+
+import os
+import platform
+from datetime import UTC, datetime
+from typing import Any
+
+LOCAL_NODE_LABEL = "torchfleet.dev/local-node"
+# Pods must tolerate this taint to land here, so nothing the scheduler would
+# put on a KWOK node ends up running as a real process by accident.
+LOCAL_NODE_TAINT = {"key": LOCAL_NODE_LABEL, "value": "true", "effect": "NoSchedule"}
+AGENT_VERSION = "v0.1.0-torchfleet-nodeagent"
+
+
+def _now_micro() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def node_manifest(name: str, pod_cidr: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": _arch(),
+                LOCAL_NODE_LABEL: "true",
+            },
+        },
+        "spec": {"podCIDR": pod_cidr, "podCIDRs": [pod_cidr], "taints": [LOCAL_NODE_TAINT]},
+    }
+
+
+def _arch() -> str:
+    machine = platform.machine()
+    return {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
+
+
+def node_status(name: str, host_ip: str, cpu: str, memory: str) -> dict[str, Any]:
+    """Capacity, Ready and the addresses, as a kubelet would report them."""
+    now = _now()
+    resources = {"cpu": cpu, "memory": memory, "pods": "110", "ephemeral-storage": "100Gi"}
+
+    def condition(kind: str, status: str, reason: str, message: str) -> dict[str, Any]:
+        return {
+            "type": kind,
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastHeartbeatTime": now,
+            "lastTransitionTime": now,
+        }
+
+    return {
+        "capacity": resources,
+        "allocatable": resources,
+        "conditions": [
+            condition("Ready", "True", "KubeletReady", "torchfleet node agent is posting ready"),
+            condition("MemoryPressure", "False", "KubeletHasSufficientMemory", "ok"),
+            condition("DiskPressure", "False", "KubeletHasNoDiskPressure", "ok"),
+            condition("PIDPressure", "False", "KubeletHasSufficientPID", "ok"),
+        ],
+        "addresses": [
+            {"type": "InternalIP", "address": host_ip},
+            {"type": "Hostname", "address": name},
+        ],
+        "nodeInfo": {
+            "machineID": "",
+            "systemUUID": "",
+            "bootID": "",
+            "kernelVersion": os.uname().release,
+            "osImage": "local processes (torchfleet dev node agent)",
+            "containerRuntimeVersion": "nodeagent://0.1.0",
+            "kubeletVersion": AGENT_VERSION,
+            "kubeProxyVersion": "",
+            "operatingSystem": "linux",
+            "architecture": _arch(),
+        },
+    }
+
+
+def lease_manifest(name: str, node_uid: str, duration_seconds: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": name,
+            "namespace": "kube-node-lease",
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Node", "name": name, "uid": node_uid}
+            ],
+        },
+        "spec": {
+            "holderIdentity": name,
+            "leaseDurationSeconds": duration_seconds,
+            "renewTime": _now_micro(),
+        },
+    }
+
+
+def lease_renewal() -> dict[str, Any]:
+    return {"spec": {"renewTime": _now_micro()}}

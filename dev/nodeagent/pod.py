@@ -1,0 +1,313 @@
+"""One pod's lifecycle on this node: sandbox, init containers, containers, status."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import network, podspec, runtime
+
+log = logging.getLogger("nodeagent.pod")
+
+RESTART_BACKOFF_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class NodeContext:
+    """What the node gives every pod it runs."""
+
+    node_name: str
+    host_ip: str
+    state_dir: Path
+    bridge: network.Bridge
+    addresses: network.AddressPool
+    base_env: Mapping[str, str]
+    read_config: podspec.DataLookup
+    read_secret: podspec.DataLookup
+
+    def claim_dir(self, namespace: str, claim: str) -> Path:
+        path = self.state_dir / "volumes" / namespace / claim
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def lookup_config(self, namespace: str, name: str, key: str) -> str | None:
+        return (self.read_config(namespace, name) or {}).get(key)
+
+    def lookup_secret(self, namespace: str, name: str, key: str) -> str | None:
+        return (self.read_secret(namespace, name) or {}).get(key)
+
+
+def pod_dir_name(pod: Mapping[str, Any]) -> str:
+    meta = pod["metadata"]
+    return f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
+
+
+def phase_of(restart_policy: str, exit_codes: list[int | None], initialized: bool) -> str:
+    """The pod phase from its containers' exit codes (None: still running)."""
+    if not initialized:
+        return "Pending"
+    if any(code is None for code in exit_codes):
+        return "Running"
+    if all(code == 0 for code in exit_codes):
+        return "Succeeded" if restart_policy != "Always" else "Running"
+    return "Failed" if restart_policy == "Never" else "Running"
+
+
+class PodRunner:
+    def __init__(self, pod: Mapping[str, Any], node: NodeContext) -> None:
+        self.pod = pod
+        self.node = node
+        self.uid: str = pod["metadata"]["uid"]
+        self.key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+        self.restart_policy: str = pod["spec"].get("restartPolicy") or "Always"
+        self.pod_dir = node.state_dir / "pods" / pod_dir_name(pod)
+        self.sandbox: runtime.PodSandbox | None = None
+        self.net: network.PodNetwork | None = None
+        self.init_runs: list[runtime.ContainerRun] = []
+        self.runs: list[runtime.ContainerRun] = []
+        self.started_at = runtime.now_rfc3339()
+        self.failure: str | None = None
+        self.stopped = False
+
+    # ---- start ----------------------------------------------------------------
+
+    def start(self, hosts_content: Callable[[str], str]) -> None:
+        """Builds the sandbox and starts the first container; a pod this node
+        cannot run is marked failed with a message naming the field."""
+        self.pod_dir.mkdir(parents=True, exist_ok=True)
+        (self.pod_dir / "logs").mkdir(exist_ok=True)
+        workdir = self.pod_dir / "workdir"
+        workdir.mkdir(exist_ok=True)
+        ip = self.node.addresses.allocate()
+        self.net = network.create_pod_network(self.uid, ip, self.node.bridge)
+        spec = self.pod["spec"]
+        hostname = spec.get("hostname") or self.pod["metadata"]["name"]
+        self.sandbox = runtime.PodSandbox(self.pod_dir, self.net.netns_path, hostname, ip)
+        (self.pod_dir / "hostname").write_text(hostname + "\n")
+        self.sandbox.write_hosts(hosts_content(ip))
+        try:
+            self.init_runs = self._runs(spec.get("initContainers") or [], str(workdir))
+            self.runs = self._runs(spec.get("containers") or [], str(workdir))
+        except (podspec.PodSpecError, OSError) as error:
+            self.failure = str(error)
+            log.warning("pod %s cannot run here: %s", self.key, error)
+            return
+        self.tick()
+
+    def _with_ip(self) -> dict[str, Any]:
+        assert self.net is not None
+        status = {**(self.pod.get("status") or {}), "podIP": self.net.ip}
+        status.update(podIPs=[{"ip": self.net.ip}], hostIP=self.node.host_ip)
+        return {**self.pod, "status": status}
+
+    def _runs(
+        self, containers: list[Mapping[str, Any]], workdir: str
+    ) -> list[runtime.ContainerRun]:
+        pod = self._with_ip()
+        sources = podspec.volume_sources(
+            pod, self.pod_dir, self.node.claim_dir, self.node.read_config, self.node.read_secret
+        )
+        for source in sources.values():
+            if source.kind == "files":
+                assert source.path is not None
+                runtime.write_files(Path(source.path), source.files)
+            elif source.kind == "dir":
+                assert source.path is not None
+                Path(source.path).mkdir(parents=True, exist_ok=True)
+        base_env = {**self.node.base_env, "HOSTNAME": self.sandbox.hostname if self.sandbox else ""}
+        runs = []
+        for container in containers:
+            env = podspec.container_env(
+                pod,
+                container,
+                base_env,
+                self.node.lookup_config,
+                self.node.lookup_secret,
+                self.node.read_config,
+                self.node.read_secret,
+            )
+            launch = podspec.container_launch(pod, container, env, sources, workdir)
+            for mount in launch.mounts:
+                if runtime.prepare_mountpoint(mount) and self.sandbox:
+                    self.sandbox.created_mountpoints.append(mount.target)
+            name = launch.name
+            runs.append(
+                runtime.ContainerRun(
+                    launch,
+                    log_path=self.pod_dir / "logs" / f"{name}.log",
+                    plan_path=self.pod_dir / f"launch-{name}.json",
+                )
+            )
+        return runs
+
+    # ---- progress ---------------------------------------------------------------
+
+    @property
+    def initialized(self) -> bool:
+        return all(run.exit_code == 0 for run in self.init_runs)
+
+    @property
+    def phase(self) -> str:
+        if self.failure is not None:
+            return "Failed"
+        init_failed = (
+            any(run.exit_code not in (None, 0) for run in self.init_runs)
+            and self.restart_policy == "Never"
+        )
+        if init_failed:
+            return "Failed"
+        codes = [run.exit_code if run.process else None for run in self.runs]
+        return phase_of(self.restart_policy, codes, self.initialized)
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+    def tick(self) -> bool:
+        """Polls processes and starts what is due; True if the status changed."""
+        if self.failure is not None or self.stopped or self.sandbox is None:
+            return False
+        changed = False
+        for run in self.init_runs + self.runs:
+            if runtime.poll_container(run):
+                log.info("%s/%s exited %s", self.key, run.launch.name, run.exit_code)
+                changed = True
+        if self.terminal:
+            return changed
+        for run in self._due_runs():
+            if run.exit_code is not None:
+                run.restart_count += 1
+            runtime.start_container(self.sandbox, run)
+            log.info(
+                "%s/%s started (pid %s)", self.key, run.launch.name, run.process and run.process.pid
+            )
+            changed = True
+        return changed
+
+    def _due_runs(self) -> list[runtime.ContainerRun]:
+        """Init containers one at a time, in order; then every container at once;
+        a finished one again when the restart policy says so, after a backoff."""
+        now = time.monotonic()
+        for run in self.init_runs:
+            if run.exit_code == 0:
+                continue
+            if run.process is None or (run.exit_code is not None and self._restarts(run, now)):
+                return [run]
+            return []
+        due = []
+        for run in self.runs:
+            if run.process is None or (run.exit_code is not None and self._restarts(run, now)):
+                due.append(run)
+        return due
+
+    def _restarts(self, run: runtime.ContainerRun, now: float) -> bool:
+        policy = self.restart_policy
+        wanted = policy == "Always" or (policy == "OnFailure" and run.exit_code != 0)
+        if not wanted:
+            return False
+        if run.next_start == 0.0:
+            run.next_start = now + RESTART_BACKOFF_SECONDS
+        if now < run.next_start:
+            return False
+        run.next_start = 0.0
+        return True
+
+    # ---- status ---------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """The pod status as the kubelet would report it."""
+        phase = self.phase
+        status: dict[str, Any] = {
+            "phase": phase,
+            "hostIP": self.node.host_ip,
+            "hostIPs": [{"ip": self.node.host_ip}],
+            "startTime": self.started_at,
+            "conditions": self._conditions(phase),
+        }
+        if self.net is not None:
+            status.update(podIP=self.net.ip, podIPs=[{"ip": self.net.ip}])
+        if self.failure is not None:
+            status.update(reason="CreateContainerConfigError", message=self.failure)
+        status["containerStatuses"] = [self._container_status(r) for r in self.runs]
+        if self.init_runs:
+            status["initContainerStatuses"] = [self._container_status(r) for r in self.init_runs]
+        if self.failure is not None and not self.runs:
+            status["containerStatuses"] = [
+                {
+                    "name": c["name"],
+                    "image": c.get("image", ""),
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 0,
+                    "started": False,
+                    "state": {
+                        "waiting": {"reason": "CreateContainerConfigError", "message": self.failure}
+                    },
+                }
+                for c in self.pod["spec"].get("containers") or []
+            ]
+        return status
+
+    def _container_status(self, run: runtime.ContainerRun) -> dict[str, Any]:
+        image = next(
+            (
+                c.get("image", "")
+                for c in (self.pod["spec"].get("containers") or [])
+                + (self.pod["spec"].get("initContainers") or [])
+                if c["name"] == run.launch.name
+            ),
+            "",
+        )
+        return {
+            "name": run.launch.name,
+            "image": image,
+            "imageID": "",
+            "containerID": f"nodeagent://{self.uid}/{run.launch.name}",
+            "ready": run.running,
+            "started": run.running,
+            "restartCount": run.restart_count,
+            "state": run.state(),
+        }
+
+    def _conditions(self, phase: str) -> list[dict[str, Any]]:
+        now = runtime.now_rfc3339()
+        ready = phase == "Running" and all(run.running for run in self.runs)
+        terminal = phase in ("Succeeded", "Failed")
+
+        def condition(kind: str, value: bool, reason: str | None = None) -> dict[str, Any]:
+            entry = {"type": kind, "status": "True" if value else "False"}
+            entry["lastTransitionTime"] = now
+            if reason and not value:
+                entry["reason"] = reason
+            return entry
+
+        not_ready_reason = "PodCompleted" if terminal else "ContainersNotReady"
+        return [
+            condition("PodReadyToStartContainers", self.net is not None and not terminal),
+            condition("Initialized", self.initialized, "ContainersNotInitialized"),
+            condition("ContainersReady", ready, not_ready_reason),
+            condition("Ready", ready, not_ready_reason),
+        ]
+
+    # ---- stop -------------------------------------------------------------------
+
+    def stop(self, grace_seconds: float) -> None:
+        """Stops every container (SIGTERM, then SIGKILL after the grace period)."""
+        self.stopped = True
+        for run in self.init_runs + self.runs:
+            runtime.stop_container(run, grace_seconds)
+
+    def teardown(self) -> None:
+        """Frees the network and the pod's volumes; logs stay for reading."""
+        if self.net is not None:
+            network.delete_pod_network(self.net.netns)
+            self.node.addresses.release(self.net.ip)
+            self.net = None
+        runtime.remove_pod_volumes(self.pod_dir)
+
+    def update_pod(self, pod: Mapping[str, Any]) -> None:
+        self.pod = pod
