@@ -251,7 +251,13 @@ def _active(step: _Pass, spec: TrainingJobSpec, default_image: str) -> Plan:
     if _in_restart_backoff(step, restart):
         return step.finalize()
 
-    _create_missing(step, spec, gang, restart, default_image)
+    try:
+        _create_missing(step, spec, gang, restart, default_image)
+    except (TypeError, AttributeError, KeyError, ValueError) as exc:
+        # The CRD keeps template.spec open; a shape the merge cannot use is the
+        # user's error, reported like any other invalid spec.
+        step.plan.create = []
+        return _invalid(step, f"spec.master/worker.template.spec is not a usable PodSpec: {exc!r}")
     _phase_from_gang(step, gang, spec.nodes)
     return step.finalize()
 

@@ -58,11 +58,22 @@ def trainer_env(spec: TrainingJobSpec) -> dict[str, str]:
     return {contract.TRAIN_CONFIG: spec.trainer.model_dump_json(by_alias=True, exclude_unset=True)}
 
 
+def checkpoint_env(spec: TrainingJobSpec) -> dict[str, str]:
+    """Checkpoint cadence for scripts the user brings (torchfleet-train reads it too)."""
+    env: dict[str, str] = {}
+    if spec.checkpoint and spec.checkpoint.interval_steps is not None:
+        env[contract.CHECKPOINT_INTERVAL] = str(spec.checkpoint.interval_steps)
+    if spec.checkpoint and spec.checkpoint.keep_last is not None:
+        env[contract.CHECKPOINT_KEEP] = str(spec.checkpoint.keep_last)
+    return env
+
+
 def pod_env(
     job: str, namespace: str, spec: TrainingJobSpec, node_rank: int, restart: int
 ) -> dict[str, str]:
     return {
         **contract_env(job, namespace, spec, node_rank, restart),
+        **checkpoint_env(spec),
         **network_env(spec.network),
         **trainer_env(spec),
     }

@@ -326,3 +326,10 @@ def test_rejections_become_a_condition_with_the_apiservers_message():
     assert find(missing_crd["conditions"], "ChildrenRejected")["reason"] == "PodGroupCRDMissing"
     cleared = with_rejections(status, [], at(1))
     assert find(cleared["conditions"], "ChildrenRejected")["status"] == "False"
+
+
+def test_a_template_spec_of_the_wrong_shape_is_an_invalid_spec_not_a_crash():
+    spec = {"worker": {"replicas": 1, "template": {"spec": {"containers": "trainer"}}}}
+    p = plan(job(**spec), observed(), at(0), CONFIG, status={})
+    assert p.status["phase"] == "Failed" and p.create == []
+    assert "template.spec" in find(p.status["conditions"], "Failed")["message"]

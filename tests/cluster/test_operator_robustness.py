@@ -1,0 +1,230 @@
+"""Crash safety, isolation, gang scheduling and node loss, against a real apiserver."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.cluster
+
+PODGROUP_CRDS = Path(__file__).parent / "podgroup-crds"
+ON_FAKE_NODES = {"spec": {"nodeSelector": {"torchfleet.dev/fake-node": "true"}}}
+
+
+def spec(workers: int = 2, template: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    template = template or ON_FAKE_NODES
+    return {
+        "command": ["python", "train.py"],
+        "master": {"template": template},
+        "worker": {"replicas": workers, "template": template},
+        **extra,
+    }
+
+
+def names_and_gangs(pods: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return sorted(
+        (p["metadata"]["name"], p["metadata"]["labels"]["torchfleet.dev/restart"]) for p in pods
+    )
+
+
+def test_operator_killed_while_creating_64_workers_recovers_exactly(
+    operator_factory, job_driver, namespace
+):
+    # One API call at a time, so the kill lands in the middle of the gang.
+    slow = operator_factory(env={"TORCHFLEET_OPERATOR_API_CONCURRENCY": "1"})
+    job_driver.create(namespace, "big", spec(workers=64))
+    job_driver.wait_for(
+        "the first pods", lambda: len(job_driver.pods(namespace, "big")) >= 5, interval=0.02
+    )
+    slow.kill()
+    before = {
+        p["metadata"]["name"]: p["metadata"]["uid"] for p in job_driver.pods(namespace, "big")
+    }
+    assert 5 <= len(before) < 65, "the kill must interrupt the creation"
+
+    operator_factory()
+    pods = job_driver.wait_running_pods(namespace, "big", 65, timeout=120)
+    assert job_driver.wait_phase(namespace, "big", "Running", timeout=60)["restartCount"] == 0
+    expected = {"big-master-0", *(f"big-worker-{i}" for i in range(64))}
+    assert {p["metadata"]["name"] for p in pods} == expected
+    assert len(job_driver.pods(namespace, "big")) == 65  # no duplicates, none extra
+    # Pods made before the crash were kept, not recreated.
+    survivors = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
+    assert all(survivors[name] == uid for name, uid in before.items())
+
+
+def test_jobs_in_two_namespaces_never_touch_each_others_pods(
+    shared_operator, job_driver, cluster, namespace
+):
+    other = f"{namespace[:50]}-b"
+    cluster.kubectl("create", "namespace", other)
+    try:
+        for ns in (namespace, other):
+            job_driver.create(ns, "same", spec(workers=1))
+        job_driver.wait_running_pods(namespace, "same", 2)
+        untouched = {p["metadata"]["uid"] for p in job_driver.wait_running_pods(other, "same", 2)}
+        job_driver.fail_pod(namespace, "same-worker-0", exit_code=137)
+        job_driver.wait_running_pods(namespace, "same", 2, restart=1)
+        assert {p["metadata"]["uid"] for p in job_driver.live_pods(other, "same")} == untouched
+        assert job_driver.status(other, "same")["restartCount"] == 0
+    finally:
+        cluster.kubectl("delete", "namespace", other, "--wait=false", check=False)
+
+
+def test_odd_objects_the_apiserver_accepts_never_stall_the_operator(
+    shared_operator, job_driver, namespace
+):
+    odd = {
+        "minimal": {},
+        "huge-suspended": {"worker": {"replicas": 4095}, "suspend": True},
+        "bad-template-shape": spec(workers=1, template={"spec": {"containers": "trainer"}}),
+        "odd-template-types": spec(
+            workers=1,
+            template={
+                "metadata": {"labels": {"x": "y"}},
+                "spec": {
+                    "nodeSelector": {"torchfleet.dev/fake-node": "true"},
+                    "volumes": [{"name": "dshm", "emptyDir": {}}],
+                },
+            },
+        ),
+    }
+    for name, body in odd.items():
+        job_driver.create(namespace, name, body)
+    # Each gets a status; the loop answers health probes quickly meanwhile.
+    for name in odd:
+        job_driver.wait_for(
+            f"a phase on {name}", lambda n=name: job_driver.status(namespace, n).get("phase")
+        )
+        started = time.monotonic()
+        assert shared_operator.healthy() and time.monotonic() - started < 1.0
+    assert job_driver.status(namespace, "huge-suspended")["phase"] == "Suspended"
+    assert job_driver.status(namespace, "bad-template-shape")["phase"] == "Failed"
+    assert shared_operator.metric("torchfleet_operator_reconcile_errors_total") == 0
+    assert shared_operator.process.poll() is None
+
+
+def test_pod_group_for_the_gang_and_a_condition_when_its_crd_is_missing(
+    shared_operator, job_driver, cluster, namespace
+):
+    cluster.kubectl("delete", "crd", "podgroups.scheduling.volcano.sh", "--ignore-not-found")
+    job_driver.create(
+        namespace,
+        "gang",
+        spec(workers=3, scheduling={"podGroup": "Volcano", "queueName": "research"}),
+    )
+    missing = job_driver.wait_for(
+        "the PodGroupCRDMissing condition",
+        lambda: next(
+            (
+                c
+                for c in job_driver.status(namespace, "gang").get("conditions", [])
+                if c.get("reason") == "PodGroupCRDMissing"
+            ),
+            None,
+        ),
+    )
+    assert "spec.scheduling.podGroup" in missing["message"]
+    assert job_driver.pods(namespace, "gang") == []  # no pods without their gang
+
+    cluster.kubectl("apply", "-f", str(PODGROUP_CRDS))
+    for crd in ("podgroups.scheduling.volcano.sh", "podgroups.scheduling.x-k8s.io"):
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+    group = job_driver.wait_for(
+        "the Volcano PodGroup",
+        lambda: job_driver.raw.request(
+            "GET", f"/apis/scheduling.volcano.sh/v1beta1/namespaces/{namespace}/podgroups"
+        )["items"],
+        timeout=60,
+    )[0]
+    assert group["spec"]["minMember"] == 4 and group["spec"]["queue"] == "research"
+    pods = job_driver.wait_for(
+        "the gang's pods",
+        lambda: len(p := job_driver.pods(namespace, "gang")) == 4 and p,
+        timeout=60,
+    )
+    assert {p["spec"]["schedulerName"] for p in pods} == {"volcano"}
+    assert {p["metadata"]["annotations"]["scheduling.k8s.io/group-name"] for p in pods} == {"gang"}
+
+    job_driver.create(
+        namespace, "cosched", spec(workers=1, scheduling={"podGroup": "Coscheduling"})
+    )
+    job_driver.wait_running_pods(namespace, "cosched", 2)
+    group = job_driver.raw.request(
+        "GET", f"/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{namespace}/podgroups/cosched"
+    )
+    assert group["spec"]["minMember"] == 2
+
+
+@pytest.fixture
+def private_node(cluster) -> Any:
+    """A KWOK node of this test's own, tainted so only its pods land there."""
+    name = f"tf-lost-{uuid.uuid4().hex[:6]}"
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {"kwok.x-k8s.io/node": "fake"},
+            "labels": {"kubernetes.io/hostname": name, "type": "kwok"},
+        },
+        "spec": {
+            "taints": [{"key": "torchfleet.dev/private", "value": name, "effect": "NoSchedule"}]
+        },
+        "status": {
+            "allocatable": {"cpu": "96", "memory": "1Ti", "pods": "110"},
+            "capacity": {"cpu": "96", "memory": "1Ti", "pods": "110"},
+        },
+    }
+    cluster.kubectl("create", "-f", "-", input=json.dumps(node))
+    try:
+        yield name
+    finally:
+        cluster.kubectl("delete", "node", name, "--wait=false", check=False)
+
+
+def test_node_not_ready_loses_its_pods_and_restarts_the_gang(
+    shared_operator, job_driver, cluster, namespace, private_node
+):
+    template = {
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": private_node},
+            "tolerations": [{"key": "torchfleet.dev/private", "operator": "Exists"}],
+        }
+    }
+    job_driver.create(namespace, "llm", spec(workers=1, template=template))
+    job_driver.wait_running_pods(namespace, "llm", 2)
+    job_driver.wait_phase(namespace, "llm", "Running")
+    cluster.kubectl("label", "node", private_node, "torchfleet.dev/kwok-not-ready=true")
+    restarting = job_driver.wait_for(
+        "a gang restart for the lost node",
+        lambda: (s := job_driver.status(namespace, "llm")).get("restartCount", 0) >= 1 and s,
+        timeout=60,
+    )
+    reason = next(c for c in restarting["conditions"] if c["type"] == "Restarting")["reason"]
+    assert reason in ("NodeLost", "PodDeleted", "DeletionByTaintManager", "Evicted")
+    cluster.kubectl("label", "node", private_node, "torchfleet.dev/kwok-not-ready-")
+    job_driver.wait_running_pods(
+        namespace, "llm", 2, restart=restarting["restartCount"], timeout=90
+    )
+    job_driver.wait_phase(namespace, "llm", "Running", timeout=60)
+
+
+def test_operator_metrics_and_liveness_endpoints(shared_operator):
+    text = shared_operator.metrics()
+    for name in (
+        "torchfleet_operator_reconcile_duration_seconds_bucket",
+        "torchfleet_operator_pods_created_total",
+        "process_resident_memory_bytes",
+    ):
+        assert name in text
+    with urllib.request.urlopen(
+        f"http://127.0.0.1:{shared_operator.health_port}/healthz", timeout=5
+    ) as response:
+        assert response.status == 200

@@ -1,0 +1,61 @@
+"""The work queue coalesces triggers and never hands one key to two workers."""
+
+from __future__ import annotations
+
+import asyncio
+
+from torchfleet_operator.workqueue import WorkQueue
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_many_adds_of_one_key_coalesce_into_one_item():
+    async def scenario():
+        queue: WorkQueue[str] = WorkQueue()
+        for _ in range(65):
+            queue.add("job")
+        queue.add("other")
+        return len(queue), [await queue.get(), await queue.get()]
+
+    assert run(scenario()) == (2, ["job", "other"])
+
+
+def test_a_key_added_while_processing_comes_back_once_after_done():
+    async def scenario():
+        queue: WorkQueue[str] = WorkQueue()
+        queue.add("job")
+        key = await queue.get()
+        queue.add("job")
+        queue.add("job")
+        held_back = len(queue)  # not handed to a second worker meanwhile
+        queue.done(key)
+        return held_back, len(queue), await queue.get()
+
+    assert run(scenario()) == (0, 1, "job")
+
+
+def test_add_after_keeps_the_earliest_wakeup():
+    async def scenario():
+        queue: WorkQueue[str] = WorkQueue()
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        queue.add_after("job", 5.0)
+        queue.add_after("job", 0.05)
+        queue.add_after("job", 3.0)
+        await asyncio.wait_for(queue.get(), timeout=2)
+        return loop.time() - start
+
+    assert run(scenario()) < 1.0
+
+
+def test_forget_cancels_a_pending_wakeup():
+    async def scenario():
+        queue: WorkQueue[str] = WorkQueue()
+        queue.add_after("job", 0.05)
+        queue.forget("job")
+        await asyncio.sleep(0.15)
+        return len(queue)
+
+    assert run(scenario()) == 0
