@@ -6,11 +6,10 @@ This is the one place that decides a pod's env. The trainer container's own
 
 from __future__ import annotations
 
-from torchfleet_trainer import contract
-from torchfleet_trainer.contract import PodContract
-
 from torchfleet_operator.api.v1alpha1 import NetworkSpec, TrainingJobSpec
 from torchfleet_operator.build import names
+from torchfleet_trainer import contract
+from torchfleet_trainer.contract import PodContract
 
 
 def contract_env(

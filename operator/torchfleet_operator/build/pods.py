@@ -10,12 +10,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from torchfleet_trainer import contract
-
 from torchfleet_operator.api.constants import KUEUE_QUEUE_LABEL, TRAINER_CONTAINER_NAME
 from torchfleet_operator.api.v1alpha1 import PodTemplate, TrainingJobSpec
 from torchfleet_operator.build import env as pod_env
 from torchfleet_operator.build import labels, names, podgroup
+from torchfleet_trainer import contract
 
 SHM_VOLUME = "dshm"
 CHECKPOINT_VOLUME = "checkpoint"

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from torchfleet_trainer.contract import PodContract
 
 from torchfleet_operator.api.v1alpha1 import TrainingJob
 from torchfleet_operator.build import podgroup, service
 from torchfleet_operator.build.pods import build_pod
+from torchfleet_trainer.contract import PodContract
 
 from .builders import job
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+
 from torchfleet_operator.build import names
 from torchfleet_operator.observed import Observed
 from torchfleet_operator.reconcile import plan, with_rejections
