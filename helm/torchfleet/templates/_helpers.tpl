@@ -85,79 +85,79 @@ namespace if jobs are submitted there.
 {{/*
 RBAC rules for the namespaced objects the operator reconciles, shared by the
 ClusterRole (cluster-wide mode) and the per-namespace Roles (namespaced mode),
-so the two modes can never grant different verbs. Why each rule exists:
-- trainingjobs: kopf watches them and patches its own annotations and
-  finalizers onto them (spec is never written); the operator deletes a
-  finished job once ttlSecondsAfterFinished has passed.
-- trainingjobs/finalizers: creating children with blockOwnerDeletion owner
-  references needs it where OwnerReferencesPermissionEnforcement is enabled.
-- pods/services/persistentvolumeclaims: the gang, its headless Service and the
-  checkpoint volume. Pods are patched for the restart label only.
-- events: kopf posts core/v1 Events; the operator's own use events.k8s.io.
-- podgroups: gang scheduling with scheduler-plugins or Volcano.
+so the two modes can never grant different verbs. Exactly the calls the
+operator makes (operator/torchfleet_operator/handlers.py and kube.py):
+- trainingjobs: kopf lists and watches them into its index; the operator
+  deletes a finished job once ttlSecondsAfterFinished has passed. Spec is
+  never written, and the one status write per pass is a merge patch.
+- trainingjobs/finalizers: creating children whose owner reference sets
+  blockOwnerDeletion needs it where OwnerReferencesPermissionEnforcement is on.
+- pods: watched (by label) and created and deleted as a gang. Services and
+  PVCs are only created: the garbage collector removes them with their job.
+- events: the operator posts core/v1 Events itself (kopf's posting is off).
+- podgroups: created for gang scheduling with scheduler-plugins or Volcano.
 */}}
 {{- define "torchfleet.rbac.namespacedRules" -}}
 - apiGroups: ["torchfleet.dev"]
   resources: ["trainingjobs"]
-  verbs: ["get", "list", "watch", "patch", "update", "delete"]
+  verbs: ["list", "watch", "delete"]
 - apiGroups: ["torchfleet.dev"]
   resources: ["trainingjobs/status"]
-  verbs: ["get", "patch", "update"]
+  verbs: ["patch"]
 - apiGroups: ["torchfleet.dev"]
   resources: ["trainingjobs/finalizers"]
   verbs: ["update"]
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "create", "delete", "patch"]
+  verbs: ["list", "watch", "create", "delete"]
 - apiGroups: [""]
   resources: ["services", "persistentvolumeclaims"]
-  verbs: ["get", "list", "watch", "create", "delete"]
+  verbs: ["list", "watch", "create"]
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
-- apiGroups: ["events.k8s.io"]
-  resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
 {{- range .Values.rbac.podGroupAPIGroups }}
 - apiGroups: [{{ . | quote }}]
   resources: ["podgroups"]
-  verbs: ["get", "list", "watch", "create", "delete"]
+  verbs: ["create"]
 {{- end }}
 {{- end }}
 
 {{/*
-Cluster-scoped reads kopf needs in both modes: it watches CRDs to notice the
-TrainingJob resource appearing or going away (discovery itself needs no
-grant). No namespaces access: cluster-wide, kopf never lists namespaces;
-namespaced, it lists them only to expand glob patterns and, refused, falls
-back to the exact names this chart passes.
+Cluster-scoped reads, needed in both modes:
+- nodes: the operator watches them to notice a NotReady node losing its pods.
+- customresourcedefinitions: kopf watches them to follow the TrainingJob
+  resource appearing or going away (discovery itself needs no grant).
+No namespaces access: cluster-wide, kopf never lists namespaces; namespaced,
+it lists them only to expand glob patterns and, refused, falls back to the
+exact names this chart passes.
 */}}
 {{- define "torchfleet.rbac.clusterRules" -}}
+- apiGroups: [""]
+  resources: ["nodes"]
+  verbs: ["list", "watch"]
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["list", "watch"]
 {{- end }}
 
 {{/*
-Operator settings. Flags select what kopf watches and how it reports; the
-TORCHFLEET_OPERATOR_* variables are the operator's tunables (config.py reads
-every one of them by that prefix).
+Operator settings: flags of `torchfleet-operator` (main.py), and the
+TORCHFLEET_OPERATOR_* variables its OperatorConfig reads by that prefix.
 */}}
 {{- define "torchfleet.operator.args" -}}
 - --log-level={{ .Values.operator.logLevel }}
-- --liveness-port={{ .Values.operator.healthPort }}
+- --health-port={{ .Values.operator.healthPort }}
 - --metrics-port={{ .Values.operator.metricsPort }}
+- --trainer-image={{ include "torchfleet.defaultTrainerImage" . }}
+{{- /* No --namespace flag means every namespace. */}}
 {{- range (include "torchfleet.watchNamespaces" . | fromJsonArray) }}
 - --namespace={{ . }}
-{{- else }}
-- --all-namespaces
 {{- end }}
 {{- end }}
 
 {{- define "torchfleet.operator.env" -}}
 {{- $defaults := .Values.operator.defaults -}}
-- name: TORCHFLEET_OPERATOR_DEFAULT_TRAINER_IMAGE
-  value: {{ include "torchfleet.defaultTrainerImage" . | quote }}
 - name: TORCHFLEET_OPERATOR_DEFAULT_SHM_SIZE
   value: {{ $defaults.shmSize | quote }}
 - name: TORCHFLEET_OPERATOR_RESTART_BACKOFF_SECONDS

@@ -16,29 +16,27 @@ def _grants(*groups: str, resources: tuple[str, ...], verbs: str) -> set[Grant]:
     return {(g, r, v) for g in groups for r in resources for v in verbs.split()}
 
 
-# What the operator does, namespaced: kopf watches and patches TrainingJobs
-# (annotations, finalizers); the operator writes status, deletes a job past its
-# TTL, owns children with blockOwnerDeletion (finalizers update), builds the
-# gang, posts Events and, when asked, a PodGroup.
+# Exactly the calls the operator makes (handlers.py, kube.py): kopf lists and
+# watches jobs and children into its indexes; the operator creates the gang,
+# its Service, PVC and PodGroup, deletes pods (gang restarts) and jobs (TTL),
+# merge-patches status, posts core Events, and owns children with
+# blockOwnerDeletion (which needs finalizers update).
 NAMESPACED_GRANTS = (
-    _grants(
-        "torchfleet.dev", resources=("trainingjobs",), verbs="get list watch patch update delete"
-    )
-    | _grants("torchfleet.dev", resources=("trainingjobs/status",), verbs="get patch update")
+    _grants("torchfleet.dev", resources=("trainingjobs",), verbs="list watch delete")
+    | _grants("torchfleet.dev", resources=("trainingjobs/status",), verbs="patch")
     | _grants("torchfleet.dev", resources=("trainingjobs/finalizers",), verbs="update")
-    | _grants("", resources=("pods",), verbs="get list watch create delete patch")
-    | _grants(
-        "", resources=("services", "persistentvolumeclaims"), verbs="get list watch create delete"
-    )
-    | _grants("", "events.k8s.io", resources=("events",), verbs="create patch")
+    | _grants("", resources=("pods",), verbs="list watch create delete")
+    | _grants("", resources=("services", "persistentvolumeclaims"), verbs="list watch create")
+    | _grants("", resources=("events",), verbs="create")
 )
 PODGROUP_GRANTS = {
-    group: _grants(group, resources=("podgroups",), verbs="get list watch create delete")
+    group: _grants(group, resources=("podgroups",), verbs="create")
     for group in ("scheduling.x-k8s.io", "scheduling.volcano.sh")
 }
-# Cluster-scoped, in both modes: kopf watches CRDs to follow TrainingJob's.
-CLUSTER_GRANTS = _grants(
-    "apiextensions.k8s.io", resources=("customresourcedefinitions",), verbs="get list watch"
+# Cluster-scoped, in both modes: the operator watches nodes (a NotReady node
+# loses its pods) and kopf watches CRDs (TrainingJob's coming and going).
+CLUSTER_GRANTS = _grants("", resources=("nodes",), verbs="list watch") | _grants(
+    "apiextensions.k8s.io", resources=("customresourcedefinitions",), verbs="list watch"
 )
 
 # Never: reading credentials, running code in pods, changing RBAC, acting as
