@@ -43,9 +43,15 @@ class Rule:
     check: Callable[[Any], bool] | None
     field_path: str | None = None
     reason: str | None = None
+    # A message with the offending values: CEL for the API server, a function
+    # of the model for Python. ``message`` stays the fallback.
+    message_expression: str | None = None
+    describe: Callable[[Any], str] | None = None
 
     def to_schema(self) -> dict[str, str]:
         entry = {"rule": self.cel, "message": self.message}
+        if self.message_expression:
+            entry["messageExpression"] = self.message_expression
         if self.field_path:
             entry["fieldPath"] = self.field_path
         if self.reason:
@@ -56,8 +62,8 @@ class Rule:
 class RuleViolation(ValueError):
     """A model's cross-field rule failed; carries the field it blames."""
 
-    def __init__(self, rule: Rule) -> None:
-        super().__init__(rule.message)
+    def __init__(self, rule: Rule, model: Any) -> None:
+        super().__init__(rule.describe(model) if rule.describe else rule.message)
         self.rule = rule
 
 
@@ -86,7 +92,7 @@ class ApiModel(BaseModel):
     def _check_rules(self) -> Self:
         for rule in type(self).rules:
             if rule.check is not None and not rule.check(self):
-                raise RuleViolation(rule)
+                raise RuleViolation(rule, self)
         return self
 
 

@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from pydantic import BaseModel
+
 from torchfleet_trainer.config import (
     DataConfig,
     ModelConfig,
@@ -21,7 +22,7 @@ from torchfleet_trainer.config import (
 )
 
 
-def _or_default(path: str, model: type[BaseModel], field: str) -> str:
+def or_default(path: str, model: type[BaseModel], field: str) -> str:
     """CEL for ``path.field``, or the model's default when the field is unset."""
     info = model.model_fields[field]
     wire = info.alias or field
@@ -36,9 +37,9 @@ def _rule(cel: str, message: str, field_path: str | None = None) -> dict[str, st
 
 
 def _model_rules() -> list[dict[str, str]]:
-    dim = _or_default("self", ModelConfig, "dim")
-    heads = _or_default("self", ModelConfig, "heads")
-    arch = _or_default("self", ModelConfig, "architecture")
+    dim = or_default("self", ModelConfig, "dim")
+    heads = or_default("self", ModelConfig, "heads")
+    arch = or_default("self", ModelConfig, "architecture")
     return [
         _rule(f"{dim} % {heads} == 0", "trainer.model.dim must be divisible by heads", ".dim"),
         _rule(
@@ -55,7 +56,7 @@ def _model_rules() -> list[dict[str, str]]:
 
 
 def _data_rules() -> list[dict[str, str]]:
-    kind = _or_default("self", DataConfig, "kind")
+    kind = or_default("self", DataConfig, "kind")
     return [
         _rule(
             f"!({kind} in ['char', 'tokens']) || (has(self.path) && size(self.path) > 0)",
@@ -66,8 +67,8 @@ def _data_rules() -> list[dict[str, str]]:
 
 
 def _training_rules() -> list[dict[str, str]]:
-    batch = _or_default("self", TrainingConfig, "global_batch_size")
-    accum = _or_default("self", TrainingConfig, "grad_accum_steps")
+    batch = or_default("self", TrainingConfig, "global_batch_size")
+    accum = or_default("self", TrainingConfig, "grad_accum_steps")
     return [
         _rule(
             f"{batch} % {accum} == 0",
@@ -78,7 +79,7 @@ def _training_rules() -> list[dict[str, str]]:
 
 
 def _parallel_rules() -> list[dict[str, str]]:
-    shard = _or_default("self", ParallelConfig, "data_parallel_shard")
+    shard = or_default("self", ParallelConfig, "data_parallel_shard")
     return [
         _rule(
             f"{shard} != 0",
@@ -89,15 +90,15 @@ def _parallel_rules() -> list[dict[str, str]]:
 
 
 def _config_rules() -> list[dict[str, str]]:
-    seq_len = _or_default("self.?data", DataConfig, "seq_len")
-    max_seq = _or_default("self.?model", ModelConfig, "max_seq_len")
-    heads = _or_default("self.?model", ModelConfig, "heads")
+    seq_len = or_default("self.?data", DataConfig, "seq_len")
+    max_seq = or_default("self.?model", ModelConfig, "max_seq_len")
+    heads = or_default("self.?model", ModelConfig, "heads")
     kv_heads = f"self.?model.?kvHeads.orValue({heads})"
-    layers = _or_default("self.?model", ModelConfig, "layers")
-    tensor = _or_default("self.?parallel", ParallelConfig, "tensor")
-    pipeline = _or_default("self.?parallel", ParallelConfig, "pipeline")
-    schedule = _or_default("self.?parallel", ParallelConfig, "pipeline_schedule")
-    per_rank = _or_default("self.?parallel", ParallelConfig, "stages_per_rank")
+    layers = or_default("self.?model", ModelConfig, "layers")
+    tensor = or_default("self.?parallel", ParallelConfig, "tensor")
+    pipeline = or_default("self.?parallel", ParallelConfig, "pipeline")
+    schedule = or_default("self.?parallel", ParallelConfig, "pipeline_schedule")
+    per_rank = or_default("self.?parallel", ParallelConfig, "stages_per_rank")
     stages = f"({pipeline} * ({schedule} == 'interleaved_1f1b' ? {per_rank} : 1))"
     builtin = "!has(self.model) || !has(self.model.importPath)"
     return [

@@ -23,7 +23,6 @@ from pydantic import (
     WithJsonSchema,
     field_validator,
 )
-from torchfleet_trainer.config import TrainConfig
 
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.api.base import (
@@ -37,6 +36,8 @@ from torchfleet_operator.api.base import (
     section,
     unique_list,
 )
+from torchfleet_operator.api.trainer_rules import or_default
+from torchfleet_trainer.config import ParallelConfig, TrainConfig
 
 # ---- pod templates ----------------------------------------------------------------------
 
@@ -219,6 +220,12 @@ def _needs_rdma_transport(field: str) -> Rule:
     )
 
 
+# ASCII classes, never \w: pydantic's regex engine reads \w as Unicode, the API
+# server's (RE2) as ASCII, and the two must agree.
+_INTERFACE_LIST = r"^[=^]?[A-Za-z0-9_.:-]+(,[A-Za-z0-9_.:-]+)*$"
+_HCA = r"^[A-Za-z0-9_.-]+(:[0-9]+)?$"
+
+
 class NetworkSpec(ApiModel):
     """How ranks talk: transport, NICs, RDMA, NCCL environment."""
 
@@ -228,17 +235,13 @@ class NetworkSpec(ApiModel):
         "(NCCL_IB_DISABLE=1); 'infiniband' and 'roce' require the IB transport.",
     )
     socket_interface: (
-        Annotated[str, StringConstraints(max_length=256, pattern=r"^[=^]?[\w.:-]+(,[\w.:-]+)*$")]
-        | None
+        Annotated[str, StringConstraints(max_length=256, pattern=_INTERFACE_LIST)] | None
     ) = Field(
         None,
         description="Interface(s) for bootstrap and socket traffic, NCCL syntax "
         "(e.g. eth0, ^lo,docker, =ib0); sets NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME.",
     )
-    ib_hcas: (
-        list[Annotated[str, StringConstraints(max_length=64, pattern=r"^[\w.-]+(:[0-9]+)?$")]]
-        | None
-    ) = Field(
+    ib_hcas: list[Annotated[str, StringConstraints(max_length=64, pattern=_HCA)]] | None = Field(
         None,
         alias="ibHCAs",
         min_length=1,
@@ -519,11 +522,30 @@ _GPUS = "(self.resources.gpus > 0 ? self.resources.gpus : 1)"
 _PROCS = f"(type(self.processesPerNode) == int ? self.processesPerNode : {_GPUS})"
 _WORLD = f"((1 + self.worker.replicas) * {_PROCS})"
 _PARALLEL = "self.trainer.?parallel"
-_FIXED = (
-    f"({_PARALLEL}.?dataParallelReplicate.orValue(1) * {_PARALLEL}.?tensor.orValue(1)"
-    f" * {_PARALLEL}.?pipeline.orValue(1))"
+_FIXED = "({} * {} * {})".format(
+    *(
+        or_default(_PARALLEL, ParallelConfig, name)
+        for name in ("data_parallel_replicate", "tensor", "pipeline")
+    )
 )
-_SHARD = f"{_PARALLEL}.?dataParallelShard.orValue(-1)"
+_SHARD = or_default(_PARALLEL, ParallelConfig, "data_parallel_shard")
+_DEGREES_MESSAGE = (
+    f"'trainer.parallel: dataParallelReplicate x tensor x pipeline = ' + string({_FIXED}) + "
+    f"({_SHARD} == -1 ? ' does not divide' : ' x dataParallelShard ' + string({_SHARD}) + "
+    f"' does not equal') + ' the world size ' + string({_WORLD}) + ' (nodes x processesPerNode)'"
+)
+
+
+def _degrees_message(spec: TrainingJobSpec) -> str:
+    assert spec.trainer is not None
+    parallel = spec.trainer.parallel
+    fixed = parallel.data_parallel_replicate * parallel.tensor * parallel.pipeline
+    shard = parallel.data_parallel_shard
+    verb = " does not divide" if shard == -1 else f" x dataParallelShard {shard} does not equal"
+    return (
+        f"trainer.parallel: dataParallelReplicate x tensor x pipeline = {fixed}{verb} "
+        f"the world size {spec.world_size} (nodes x processesPerNode)"
+    )
 
 
 def _degrees_fit_world(spec: TrainingJobSpec) -> bool:
@@ -611,6 +633,8 @@ class TrainingJobSpec(ApiModel):
             message="trainer.parallel: dataParallelReplicate x dataParallelShard x tensor x "
             "pipeline must equal the world size (nodes x processesPerNode)",
             check=_degrees_fit_world,
+            message_expression=_DEGREES_MESSAGE,
+            describe=_degrees_message,
             field_path=".trainer.parallel",
         ),
         *(
