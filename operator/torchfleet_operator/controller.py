@@ -21,6 +21,7 @@ from torchfleet_operator.build.names import checkpoint_claim_name
 from torchfleet_operator.config import OperatorConfig
 from torchfleet_operator.kube import Executor
 from torchfleet_operator.observed import Observed, ObservedNode, ObservedPod
+from torchfleet_operator.progress import ProgressPoller
 from torchfleet_operator.reconcile import plan, with_rejections
 from torchfleet_operator.workqueue import WorkQueue
 
@@ -65,12 +66,15 @@ class Controller:
         self.default_image = default_image
         self.caches = Caches()
         self.queue: WorkQueue[JobKey] = WorkQueue()
-        self.phases = metrics.PhaseTracker()
+        self.phases: metrics.PhaseTracker[JobKey] = metrics.PhaseTracker()
         self._expectations: dict[JobKey, _Expectations] = {}
         self._last_status: dict[str, dict[str, Any]] = {}  # by job uid
         self._api_failures: dict[JobKey, int] = {}
         self._pod_groups: set[str] = set()  # job uids whose PodGroup exists
         self._tasks: list[asyncio.Task[None]] = []
+        self.progress: ProgressPoller[JobKey] = ProgressPoller(
+            config.progress_interval_seconds, self._masters, self.enqueue
+        )
         self.passes = 0
 
     # ---- triggers (called on the event loop) ----
@@ -84,6 +88,7 @@ class Controller:
         self._expectations.pop(key, None)
         self._api_failures.pop(key, None)
         self.phases.forget(key)
+        self.progress.forget(key)
         if uid:
             self._last_status.pop(uid, None)
             self._pod_groups.discard(uid)
@@ -93,6 +98,8 @@ class Controller:
             self._tasks.append(asyncio.create_task(self._work(), name=f"reconciler-{number}"))
         if self.config.resync_seconds > 0:
             self._tasks.append(asyncio.create_task(self._resync(), name="resync"))
+        if self.config.progress_interval_seconds > 0:
+            self._tasks.append(asyncio.create_task(self.progress.run(), name="progress"))
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -127,6 +134,27 @@ class Controller:
 
     # ---- observe (on the event loop: the caches are not thread-safe) ----
 
+    def _masters(self) -> list[tuple[JobKey, str]]:
+        """(job, master pod IP) for every Running job, for the progress poller."""
+        found: list[tuple[JobKey, str]] = []
+        for key in self.phases.with_phase("Running"):
+            pods = list(self.caches.pods.get(key) or ())
+            newest = max((p.restart for p in pods), default=0)
+            master = next(
+                (
+                    p
+                    for p in pods
+                    if p.role == "master"
+                    and p.restart == newest
+                    and p.phase == "Running"
+                    and p.pod_ip
+                ),
+                None,
+            )
+            if master is not None and master.pod_ip:
+                found.append((key, master.pod_ip))
+        return found
+
     def snapshot(self, key: JobKey) -> Snapshot | None:
         body = _first(self.caches.jobs.get(key))
         if body is None:
@@ -139,6 +167,7 @@ class Controller:
                 not_ready[node_name] = node.since
         expected = self._prune_expectations(key, pods)
         uid = body["metadata"].get("uid", "")
+        progress, checkpoint_step = self.progress.latest.get(key, (None, None))
         observed = Observed(
             pods=pods,
             nodes_not_ready=not_ready,
@@ -147,6 +176,8 @@ class Controller:
             has_pod_group=uid in self._pod_groups,
             expected_created=frozenset(expected.created),
             expected_deleted=frozenset(expected.deleted),
+            progress=progress,
+            checkpoint_step=checkpoint_step,
         )
         return Snapshot(body=body, observed=observed)
 

@@ -115,6 +115,7 @@ class RawApi:
             header_params={"Accept": "application/json", "Content-Type": content_type},
             auth_settings=["BearerToken"],
         )
+        metrics.API_REQUESTS.labels(verb=method).inc()
         response = self.api.call_api(method, url, headers, body=body, _request_timeout=30)
         response.read()
         if not 200 <= response.status <= 299:

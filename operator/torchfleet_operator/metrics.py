@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Hashable
+from typing import Generic, TypeVar
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
@@ -31,17 +32,25 @@ API_ERRORS = Counter(
     "Kubernetes API calls that failed (409 on create and 404 on delete are not errors)",
     ["verb", "resource", "code"],
 )
+API_REQUESTS = Counter(
+    "torchfleet_operator_api_requests_total",
+    "Kubernetes API calls made by the reconciler (kopf's own watches not included)",
+    ["verb"],
+)
 QUEUE_DEPTH = Gauge("torchfleet_operator_workqueue_depth", "Job keys waiting for a worker")
 
 
-class PhaseTracker:
+K = TypeVar("K", bound=Hashable)
+
+
+class PhaseTracker(Generic[K]):
     """Keeps ``torchfleet_operator_jobs{phase}`` equal to the jobs' latest phases."""
 
     def __init__(self) -> None:
-        self._phases: dict[Hashable, str] = {}
+        self._phases: dict[K, str] = {}
         self._lock = threading.Lock()
 
-    def set(self, key: Hashable, phase: str) -> None:
+    def set(self, key: K, phase: str) -> None:
         with self._lock:
             old = self._phases.get(key)
             if old == phase:
@@ -51,7 +60,11 @@ class PhaseTracker:
             self._phases[key] = phase
             JOBS.labels(phase=phase).inc()
 
-    def forget(self, key: Hashable) -> None:
+    def with_phase(self, phase: str) -> list[K]:
+        with self._lock:
+            return [key for key, known in self._phases.items() if known == phase]
+
+    def forget(self, key: K) -> None:
         with self._lock:
             old = self._phases.pop(key, None)
             if old is not None:

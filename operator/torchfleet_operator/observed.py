@@ -143,4 +143,7 @@ class Observed:
     # arrived yet (created: names, deleted: uids): treated as present / absent.
     expected_created: frozenset[str] = frozenset()
     expected_deleted: frozenset[str] = frozenset()  # uids
+    # The trainer's latest figures from the master's /metrics (status.progress)
+    # and the step of its newest complete checkpoint.
     progress: dict[str, Any] | None = None
+    checkpoint_step: int | None = None

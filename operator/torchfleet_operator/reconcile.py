@@ -212,6 +212,7 @@ def _active(step: _Pass, spec: TrainingJobSpec, default_image: str) -> Plan:
     gang = [p for p in pods if p.restart == restart]
     stale = [p for p in pods if p.restart < restart]
     _count(step, gang, spec.nodes)
+    _progress(step)
 
     if spec.suspend:
         step.delete_pods(suspend.pods_to_remove(True, pods))
@@ -265,6 +266,15 @@ def _active(step: _Pass, spec: TrainingJobSpec, default_image: str) -> Plan:
 def _count(step: _Pass, gang: list[ObservedPod], nodes: int) -> None:
     step.status["replicaStatuses"] = replica_statuses(gang)
     step.status["nodesReady"] = nodes_ready(gang, nodes)
+
+
+def _progress(step: _Pass) -> None:
+    observed = step.observed
+    if observed.progress is not None:
+        step.status["progress"] = observed.progress
+    last = (step.status.get("lastCheckpoint") or {}).get("step")
+    if observed.checkpoint_step is not None and observed.checkpoint_step != last:
+        step.status["lastCheckpoint"] = {"step": observed.checkpoint_step, "time": step.stamp}
 
 
 def _success_message(spec: TrainingJobSpec) -> str:

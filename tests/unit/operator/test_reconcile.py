@@ -334,3 +334,24 @@ def test_a_template_spec_of_the_wrong_shape_is_an_invalid_spec_not_a_crash():
     p = plan(job(**spec), observed(), at(0), CONFIG, status={})
     assert p.status["phase"] == "Failed" and p.create == []
     assert "template.spec" in find(p.status["conditions"], "Failed")["message"]
+
+
+def test_scraped_progress_and_new_checkpoints_land_in_the_status():
+    figures = {"step": 120, "loss": 1.9, "updateTime": stamp(9)}
+    p = plan(
+        job(),
+        observed(*gang(), progress=figures, checkpoint_step=100),
+        at(10),
+        CONFIG,
+        status=running_status(),
+    )
+    assert p.status["progress"] == figures
+    assert p.status["lastCheckpoint"] == {"step": 100, "time": stamp(10)}
+    same = plan(
+        job(),
+        observed(*gang(), progress=figures, checkpoint_step=100),
+        at(20),
+        CONFIG,
+        status=p.status,
+    )
+    assert same.status == p.status  # the checkpoint time is that of its first sighting

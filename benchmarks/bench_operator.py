@@ -1,0 +1,405 @@
+"""Operator scale benchmark: N TrainingJobs of 1 master + 8 workers on KWOK nodes.
+
+Measured in one run against the same apiserver:
+* baseline: a bare client creates the same 9*N pods (the manifests the
+  operator would build) with the same API concurrency;
+* operator: N TrainingJobs are applied and the operator creates the pods.
+For both: per-job latency from apply to all 9 pods created and to all 9
+Running (p50/p99), pods created per second, apiserver requests per job (the
+apiserver's own ``apiserver_request_total``); for the operator also its own
+API calls per job, peak RSS and CPU seconds. JSON goes to benchmarks/results/.
+
+    python benchmarks/bench_operator.py --jobs 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from tests.fixtures.operator import apply_crd, launch  # noqa: E402
+from torchfleet_operator.api.v1alpha1 import TrainingJob  # noqa: E402
+from torchfleet_operator.build.pods import build_pod  # noqa: E402
+from torchfleet_operator.kube import RawApi, make_api_client  # noqa: E402
+
+WORKERS_PER_JOB = 8
+PODS_PER_JOB = WORKERS_PER_JOB + 1
+PODS_PER_NODE = 500
+CONCURRENCY = 16
+BENCH_TAINT = {"key": "torchfleet.dev/bench", "value": "true", "effect": "NoSchedule"}
+TEMPLATE = {
+    "spec": {
+        "nodeSelector": {"torchfleet.dev/bench-node": "true"},
+        "tolerations": [{"key": "torchfleet.dev/bench", "operator": "Exists"}],
+    }
+}
+JOB_SPEC = {
+    "command": ["python", "train.py"],
+    "master": {"template": TEMPLATE},
+    "worker": {"replicas": WORKERS_PER_JOB, "template": TEMPLATE},
+}
+
+
+def kubeconfig_for_run() -> str:
+    explicit = os.environ.get("KUBECONFIG_BENCH") or os.environ.get("TORCHFLEET_TEST_KUBECONFIG")
+    if explicit:
+        return explicit
+    spec = importlib.util.spec_from_file_location(
+        "localcluster", REPO / "dev/cluster/localcluster.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cluster = module.LocalCluster()
+    if not cluster.healthy():
+        cluster.up()
+    return str(cluster.kubeconfig)
+
+
+def kubectl_runner(kubeconfig: str) -> Any:
+    import shutil
+    import subprocess
+
+    binary = REPO / ".cluster/bin/kubectl"
+    command = str(binary) if binary.exists() else shutil.which("kubectl") or "kubectl"
+
+    def run(*args: str) -> None:
+        subprocess.run(
+            [command, f"--kubeconfig={kubeconfig}", *args],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+
+    return run
+
+
+@dataclass
+class PodWatch:
+    """Times when each job's pods were first seen and first seen Running (one watch)."""
+
+    created: dict[str, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
+    running: dict[str, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self, raw: RawApi, namespace: str) -> None:
+        _, url, headers, _, _ = raw.api.param_serialize(
+            "GET",
+            f"/api/v1/namespaces/{namespace}/pods",
+            query_params=[
+                ("watch", "true"),
+                ("labelSelector", "bench-job"),
+                ("allowWatchBookmarks", "false"),
+            ],
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        response = raw.api.rest_client.pool_manager.request(
+            "GET", url, headers=headers, preload_content=False, timeout=None
+        )
+        buffer = b""
+        for chunk in response.stream(64 * 1024):
+            if self.stop.is_set():
+                break
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            now = time.monotonic()
+            for line in lines:
+                if line.strip():
+                    self._record(json.loads(line)["object"], now)
+        response.release_conn()
+
+    def _record(self, pod: dict[str, Any], now: float) -> None:
+        meta = pod.get("metadata") or {}
+        job = (meta.get("labels") or {}).get("bench-job")
+        if not job:
+            return
+        self.created[job].setdefault(meta["name"], now)
+        if (pod.get("status") or {}).get("phase") == "Running":
+            self.running[job].setdefault(meta["name"], now)
+
+    def complete(self, jobs: int, which: dict[str, dict[str, float]]) -> bool:
+        return sum(1 for pods in which.values() if len(pods) >= PODS_PER_JOB) >= jobs
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
+
+
+def latencies(started: dict[str, float], seen: dict[str, dict[str, float]]) -> list[float]:
+    return [
+        max(seen[job].values()) - t0
+        for job, t0 in started.items()
+        if len(seen.get(job, {})) >= PODS_PER_JOB
+    ]
+
+
+def apiserver_requests(raw: RawApi) -> float:
+    response = raw.api.call_api(
+        *raw.api.param_serialize(
+            "GET", "/metrics", header_params={"Accept": "text/plain"}, auth_settings=["BearerToken"]
+        )[:4]
+    )
+    response.read()
+    total = 0.0
+    for family in text_string_to_metric_families(response.data.decode()):
+        for sample in family.samples:
+            if sample.name == "apiserver_request_total" and sample.labels.get("verb") != "WATCH":
+                total += sample.value
+    return total
+
+
+def ensure_bench_nodes(raw: RawApi, count: int) -> None:
+    for index in range(count):
+        name = f"bench-node-{index}"
+        node = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": name,
+                "annotations": {"kwok.x-k8s.io/node": "fake"},
+                "labels": {
+                    "kubernetes.io/hostname": name,
+                    "type": "kwok",
+                    "torchfleet.dev/bench-node": "true",
+                },
+            },
+            "spec": {"taints": [BENCH_TAINT]},
+            "status": {
+                c: {"cpu": "1000", "memory": "10Ti", "pods": str(PODS_PER_NODE)}
+                for c in ("allocatable", "capacity")
+            },
+        }
+        try:
+            raw.request("POST", "/api/v1/nodes", node)
+        except Exception as exc:  # already there from an earlier run
+            if getattr(exc, "status", None) != 409:
+                raise
+
+
+def wait_until(what: str, check: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not reached in {timeout:.0f}s")
+        time.sleep(0.1)
+
+
+def baseline_run(raw: RawApi, namespace: str, jobs: int, timeout: float) -> dict[str, Any]:
+    """A bare client creating exactly the pods the operator would create."""
+    watch = PodWatch()
+    threading.Thread(target=watch.run, args=(raw, namespace), daemon=True).start()
+    time.sleep(0.5)
+    spec = TrainingJob.model_validate({"metadata": {"name": "x"}, "spec": JOB_SPEC}).spec
+    before = apiserver_requests(raw)
+    started: dict[str, float] = {}
+
+    def create_job(index: int) -> None:
+        job = f"job-{index:05d}"
+        started[job] = time.monotonic()
+        for rank in range(PODS_PER_JOB):
+            pod = build_pod(job, namespace, str(uuid.uuid4()), spec, rank, 0, "bench/trainer:1")
+            pod["metadata"].pop("ownerReferences")  # no TrainingJob owns these
+            pod["metadata"]["labels"]["bench-job"] = job
+            raw.request("POST", f"/api/v1/namespaces/{namespace}/pods", pod)
+
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(CONCURRENCY) as pool:
+        list(pool.map(create_job, range(jobs)))
+    wait_until("baseline pods created", lambda: watch.complete(jobs, watch.created), timeout)
+    created_at = time.monotonic()
+    wait_until("baseline pods running", lambda: watch.complete(jobs, watch.running), timeout)
+    after = apiserver_requests(raw)
+    watch.stop.set()
+    return summary(jobs, started, watch, t0, created_at, after - before)
+
+
+def operator_run(
+    raw: RawApi, kubeconfig: str, namespace: str, jobs: int, timeout: float
+) -> dict[str, Any]:
+    log = Path(tempfile.mkdtemp(prefix="bench-operator-")) / "operator.log"
+    operator = launch(
+        kubeconfig,
+        log,
+        env={
+            "TORCHFLEET_OPERATOR_LOG_LEVEL": "WARNING",
+            "TORCHFLEET_OPERATOR_API_CONCURRENCY": str(CONCURRENCY),
+        },
+        namespaces=[namespace],
+    )
+    try:
+        operator.wait_ready()
+        watch = PodWatch()
+        threading.Thread(target=watch.run, args=(raw, namespace), daemon=True).start()
+        time.sleep(0.5)
+        before_api = apiserver_requests(raw)
+        before_own = operator.metric("torchfleet_operator_api_requests_total")
+        started: dict[str, float] = {}
+        path = f"/apis/torchfleet.dev/v1alpha1/namespaces/{namespace}/trainingjobs"
+
+        def apply(index: int) -> None:
+            job = f"job-{index:05d}"
+            template = {"metadata": {"labels": {"bench-job": job}}, **TEMPLATE}
+            spec = {
+                **JOB_SPEC,
+                "master": {"template": template},
+                "worker": {"replicas": WORKERS_PER_JOB, "template": template},
+            }
+            started[job] = time.monotonic()
+            raw.request(
+                "POST",
+                path,
+                {
+                    "apiVersion": "torchfleet.dev/v1alpha1",
+                    "kind": "TrainingJob",
+                    "metadata": {"name": job},
+                    "spec": spec,
+                },
+            )
+
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(CONCURRENCY) as pool:
+            list(pool.map(apply, range(jobs)))
+        wait_until("operator pods created", lambda: watch.complete(jobs, watch.created), timeout)
+        created_at = time.monotonic()
+        wait_until("operator pods running", lambda: watch.complete(jobs, watch.running), timeout)
+        # Let the jobs' status settle (Running), then count calls.
+        wait_until(
+            "jobs Running",
+            lambda: operator.metric("torchfleet_operator_jobs", phase="Running") >= jobs,
+            timeout,
+        )
+        after_api = apiserver_requests(raw)
+        own = operator.metric("torchfleet_operator_api_requests_total") - before_own
+        result = summary(jobs, started, watch, t0, created_at, after_api - before_api)
+        result["operator_api_calls_per_job"] = own / jobs
+        result.update(process_usage(operator.process.pid))
+        watch.stop.set()
+        return result
+    finally:
+        operator.stop()
+
+
+def process_usage(pid: int) -> dict[str, float]:
+    """Peak RSS (VmHWM) and CPU seconds of the operator process, from /proc."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    peak_kib = next(
+        int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")
+    )
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return {
+        "operator_peak_rss_mib": peak_kib / 1024,
+        "operator_cpu_seconds": (int(fields[11]) + int(fields[12])) / ticks,
+    }
+
+
+def summary(
+    jobs: int,
+    started: dict[str, float],
+    watch: PodWatch,
+    t0: float,
+    created_at: float,
+    apiserver_delta: float,
+) -> dict[str, Any]:
+    created = latencies(started, watch.created)
+    running = latencies(started, watch.running)
+    return {
+        "jobs": jobs,
+        "pods": jobs * PODS_PER_JOB,
+        "created_p50_s": statistics.median(created),
+        "created_p99_s": percentile(created, 0.99),
+        "running_p50_s": statistics.median(running),
+        "running_p99_s": percentile(running, 0.99),
+        "pods_created_per_s": jobs * PODS_PER_JOB / (created_at - t0),
+        "apiserver_requests_per_job": apiserver_delta / jobs,
+    }
+
+
+def delete_namespace(kubectl: Any, namespace: str) -> None:
+    kubectl("delete", "namespace", namespace, "--wait=false")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=100)
+    parser.add_argument("--timeout", type=float, default=900)
+    args = parser.parse_args()
+    kubeconfig = kubeconfig_for_run()
+    kubectl = kubectl_runner(kubeconfig)
+    apply_crd(kubectl)
+    raw = RawApi(make_api_client(kubeconfig, pool_size=64))
+    ensure_bench_nodes(raw, math.ceil(args.jobs * PODS_PER_JOB / PODS_PER_NODE) + 1)
+    run_id = uuid.uuid4().hex[:6]
+    results: dict[str, Any] = {"jobs": args.jobs, "pods_per_job": PODS_PER_JOB}
+    for name in ("baseline", "operator"):
+        namespace = f"bench-{name}-{run_id}"
+        kubectl("create", "namespace", namespace)
+        try:
+            if name == "baseline":
+                results[name] = baseline_run(raw, namespace, args.jobs, args.timeout)
+            else:
+                results[name] = operator_run(raw, kubeconfig, namespace, args.jobs, args.timeout)
+        finally:
+            delete_namespace(kubectl, namespace)
+    base, op = results["baseline"], results["operator"]
+    results["ratio_operator_vs_baseline"] = {
+        "pods_created_per_s": op["pods_created_per_s"] / base["pods_created_per_s"],
+        "created_p50": op["created_p50_s"] / base["created_p50_s"],
+        "running_p50": op["running_p50_s"] / base["running_p50_s"],
+    }
+    out_dir = REPO / "benchmarks" / "results"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / f"operator-{args.jobs}-jobs-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    out.write_text(json.dumps(results, indent=2))
+    print_table(results)
+    print(f"\nwritten: {out.relative_to(REPO)}")
+    return 0
+
+
+def print_table(results: dict[str, Any]) -> None:
+    base, op = results["baseline"], results["operator"]
+    rows = [
+        ("apply -> all pods created p50 (s)", "created_p50_s"),
+        ("apply -> all pods created p99 (s)", "created_p99_s"),
+        ("apply -> all pods Running p50 (s)", "running_p50_s"),
+        ("apply -> all pods Running p99 (s)", "running_p99_s"),
+        ("pods created per second", "pods_created_per_s"),
+        ("apiserver requests per job", "apiserver_requests_per_job"),
+    ]
+    print(f"\n{results['jobs']} jobs x {results['pods_per_job']} pods")
+    print(f"{'':38}{'baseline':>12}{'operator':>12}")
+    for label, key in rows:
+        print(f"{label:38}{base[key]:12.2f}{op[key]:12.2f}")
+    print(f"{'operator API calls per job (own)':38}{'':12}{op['operator_api_calls_per_job']:12.2f}")
+    print(f"{'operator peak RSS (MiB)':38}{'':12}{op['operator_peak_rss_mib']:12.1f}")
+    print(f"{'operator CPU seconds':38}{'':12}{op['operator_cpu_seconds']:12.1f}")
+    ratio = results["ratio_operator_vs_baseline"]
+    print(
+        f"operator/baseline: pods/s {ratio['pods_created_per_s']:.2f}, "
+        f"created p50 {ratio['created_p50']:.2f}, running p50 {ratio['running_p50']:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
