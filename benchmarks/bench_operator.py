@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from tests.fixtures.operator import apply_crd, launch  # noqa: E402
+from tests.fixtures.operator import apply_crd, fake_node, launch  # noqa: E402
 from torchfleet_operator.api.v1alpha1 import TrainingJob  # noqa: E402
 from torchfleet_operator.build.pods import build_pod  # noqa: E402
 from torchfleet_operator.kube import RawApi, make_api_client  # noqa: E402
@@ -172,24 +172,9 @@ def apiserver_requests(raw: RawApi) -> float:
 def ensure_bench_nodes(raw: RawApi, count: int) -> None:
     for index in range(count):
         name = f"bench-node-{index}"
-        node = {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": name,
-                "annotations": {"kwok.x-k8s.io/node": "fake"},
-                "labels": {
-                    "kubernetes.io/hostname": name,
-                    "type": "kwok",
-                    "torchfleet.dev/bench-node": "true",
-                },
-            },
-            "spec": {"taints": [BENCH_TAINT]},
-            "status": {
-                c: {"cpu": "1000", "memory": "10Ti", "pods": str(PODS_PER_NODE)}
-                for c in ("allocatable", "capacity")
-            },
-        }
+        node = fake_node(
+            name, BENCH_TAINT, {"torchfleet.dev/bench-node": "true"}, pods=PODS_PER_NODE
+        )
         try:
             raw.request("POST", "/api/v1/nodes", node)
         except Exception as exc:  # already there from an earlier run

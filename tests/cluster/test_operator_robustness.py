@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.operator import fake_node
+
 pytestmark = pytest.mark.cluster
 
 PODGROUP_CRDS = Path(__file__).parent / "podgroup-crds"
@@ -166,22 +168,7 @@ def test_pod_group_for_the_gang_and_a_condition_when_its_crd_is_missing(
 def private_node(cluster) -> Any:
     """A KWOK node of this test's own, tainted so only its pods land there."""
     name = f"tf-lost-{uuid.uuid4().hex[:6]}"
-    node = {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "annotations": {"kwok.x-k8s.io/node": "fake"},
-            "labels": {"kubernetes.io/hostname": name, "type": "kwok"},
-        },
-        "spec": {
-            "taints": [{"key": "torchfleet.dev/private", "value": name, "effect": "NoSchedule"}]
-        },
-        "status": {
-            "allocatable": {"cpu": "96", "memory": "1Ti", "pods": "110"},
-            "capacity": {"cpu": "96", "memory": "1Ti", "pods": "110"},
-        },
-    }
+    node = fake_node(name, {"key": "torchfleet.dev/private", "value": name, "effect": "NoSchedule"})
     cluster.kubectl("create", "-f", "-", input=json.dumps(node))
     try:
         yield name
