@@ -1,32 +1,26 @@
 #!/usr/bin/env bash
-# Installs Debian's prometheus package if it is missing; does nothing if it is
-# there. The e2e tests and `make demo` start their own Prometheus with their own
-# config (dev/prometheus/start.sh), so the packaged service must never start:
-# a policy-rc.d that forbids service starts is put in place for the install
-# when the machine has none.
+# Makes sure a Prometheus with Kubernetes service discovery is available and
+# prints its path; idempotent and quick once built (call it from `make test`'s
+# and `make demo`'s set-up).
+#
+# Debian's prometheus package would be the obvious choice, but bookworm's 2.42
+# build leaves Kubernetes SD out (`kubernetes_sd_configs` fails with "field not
+# found"), so an upstream Prometheus is built from pinned Go modules by
+# build.sh, the same way the control plane is. A prometheus on PATH is used
+# only when it has Kubernetes SD compiled in.
 set -euo pipefail
 
-if command -v prometheus >/dev/null 2>&1; then
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+
+if [ -n "${TORCHFLEET_PROMETHEUS:-}" ]; then
+    echo "$TORCHFLEET_PROMETHEUS"
     exit 0
 fi
 
-if [ "$(id -u)" != 0 ]; then
-    echo "ensure.sh: prometheus is missing and installing it needs root (apt-get)" >&2
-    exit 1
+on_path="$(command -v prometheus || true)"
+if [ -n "$on_path" ] && grep -q "discovery/kubernetes" "$on_path" 2>/dev/null; then
+    echo "$on_path"
+    exit 0
 fi
 
-policy=/usr/sbin/policy-rc.d
-created_policy=0
-if [ ! -e "$policy" ]; then
-    printf '#!/bin/sh\nexit 101\n' >"$policy"
-    chmod +x "$policy"
-    created_policy=1
-fi
-cleanup() { if [ "$created_policy" = 1 ]; then rm -f "$policy"; fi; }
-trap cleanup EXIT
-
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends prometheus >/dev/null
-command -v prometheus >/dev/null
-prometheus --version 2>&1 | head -1
+exec "$here/build.sh"

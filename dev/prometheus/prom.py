@@ -1,9 +1,10 @@
-"""Starts and stops a Prometheus (Debian's package) for the e2e tests and the demo.
+"""Starts and stops a real Prometheus for the e2e tests and the demo.
 
     python dev/prometheus/prom.py start --kubeconfig K --dir D [--port P]
     python dev/prometheus/prom.py stop --dir D
 
-``start`` renders prometheus.yml.in into D, starts ``prometheus`` on a free
+``start`` renders prometheus.yml.in into D, starts Prometheus (the one
+ensure.sh finds or builds, with Kubernetes service discovery) on a free
 loopback port (or P), waits until it is ready, and prints its URL; the pid and
 URL are kept in D for ``stop`` and for other tools. Standard library only.
 """
@@ -14,7 +15,6 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -39,6 +39,12 @@ def free_loopback_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def prometheus_binary() -> str:
+    """A Prometheus with Kubernetes SD: ensure.sh finds or builds one."""
+    out = subprocess.run([str(ENSURE)], check=True, capture_output=True, text=True)
+    return out.stdout.strip().splitlines()[-1]
 
 
 def render_config(kubeconfig: str, scrape_interval: str) -> str:
@@ -68,6 +74,43 @@ class Prometheus:
             return list(json.load(response)["data"]["activeTargets"])
 
 
+def operator_endpoint_manifests(namespace: str, ip: str, port: int) -> list[dict[str, Any]]:
+    """A selector-less Service and its EndpointSlice pointing at an operator that
+    runs as a process on this machine (at an address pods and Prometheus reach),
+    annotated for scraping as the Helm chart's Service is."""
+    name = "torchfleet-operator-metrics"
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "annotations": {
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": str(port),
+                "prometheus.io/path": "/metrics",
+            },
+        },
+        "spec": {"clusterIP": "None", "ports": [{"name": "metrics", "port": port}]},
+    }
+    endpoints = {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": f"{name}-local",
+            "namespace": namespace,
+            "labels": {
+                "kubernetes.io/service-name": name,
+                "endpointslice.kubernetes.io/managed-by": "torchfleet.dev/dev-harness",
+            },
+        },
+        "addressType": "IPv4",
+        "ports": [{"name": "metrics", "port": port, "protocol": "TCP"}],
+        "endpoints": [{"addresses": [ip], "conditions": {"ready": True}}],
+    }
+    return [service, endpoints]
+
+
 def start(
     kubeconfig: str,
     directory: Path,
@@ -75,8 +118,7 @@ def start(
     scrape_interval: str = "2s",
     timeout: float = 60,
 ) -> Prometheus:
-    if not shutil.which("prometheus"):
-        subprocess.run([str(ENSURE)], check=True)
+    binary = prometheus_binary()
     directory.mkdir(parents=True, exist_ok=True)
     config = directory / "prometheus.yml"
     config.write_text(render_config(str(Path(kubeconfig).resolve()), scrape_interval))
@@ -84,7 +126,7 @@ def start(
     log = open(directory / "prometheus.log", "ab")  # noqa: SIM115 - handed to the child
     process = subprocess.Popen(
         [
-            "prometheus",
+            binary,
             f"--config.file={config}",
             f"--storage.tsdb.path={directory / 'data'}",
             f"--web.listen-address={address}",

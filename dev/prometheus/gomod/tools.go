@@ -1,0 +1,6 @@
+//go:build tools
+
+// Package tools pins the Prometheus command this module builds.
+package tools
+
+import _ "github.com/prometheus/prometheus/cmd/prometheus"
