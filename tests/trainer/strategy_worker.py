@@ -1,0 +1,78 @@
+"""Runs a list of training configs inside one torchrun process group.
+
+Starting processes costs seconds (importing torch), so one launch runs many
+layouts back to back, each with its own DeviceMesh over the same ranks.
+A plan entry is ``{"name", "overrides", "single"?, "prepare"?}``: ``single``
+runs the plain model on rank 0 alone (no parallelism at all, the reference);
+``prepare`` lists filesystem steps rank 0 does first (copying a checkpoint
+directory, dropping a completion marker) so resume cases start from a given
+state on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from torchfleet_trainer.config import load_config
+from torchfleet_trainer.train import Trainer, build_runtime
+
+
+def prepare(steps: list[dict[str, str]]) -> None:
+    for step in steps:
+        if step["op"] == "copytree":
+            shutil.copytree(step["src"], step["dst"], dirs_exist_ok=True)
+        elif step["op"] == "unmark":
+            # What a save killed before its marker leaves: shards, no COMPLETE.
+            src = Path(step["src"])
+            (src / "COMPLETE").unlink()
+            if step.get("dst"):
+                src.rename(step["dst"])
+
+
+def run_entry(entry: dict[str, Any]) -> dict[str, Any] | None:
+    config = load_config(overrides=entry["overrides"], env={})
+    if dist.get_rank() == 0 and entry.get("prepare"):
+        prepare(entry["prepare"])
+    dist.barrier()
+    if entry.get("single"):
+        result = None
+        if dist.get_rank() == 0:
+            runtime = build_runtime(config, distributed=False)
+            result = Trainer(config, runtime).run()
+        dist.barrier()
+    else:
+        result = Trainer(config, build_runtime(config)).run()
+    if result is None:
+        return None
+    return {
+        "start_step": result.start_step,
+        "losses": {int(r["step"]): r["loss"] for r in result.history},
+        "grad_norms": {int(r["step"]): r["grad_norm"] for r in result.history},
+        "eval": result.eval_losses,
+    }
+
+
+def main() -> None:
+    plan_path, out_path = sys.argv[1], sys.argv[2]
+    plan = json.loads(Path(plan_path).read_text())
+    dist.init_process_group("gloo")
+    results: dict[str, Any] = {}
+    try:
+        for entry in plan:
+            outcome = run_entry(entry)
+            if dist.get_rank() == 0:
+                results[entry["name"]] = outcome
+    finally:
+        dist.destroy_process_group()
+    if results and all(v is not None for v in results.values()):
+        Path(out_path).write_text(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

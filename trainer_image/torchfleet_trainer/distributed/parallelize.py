@@ -1,0 +1,155 @@
+"""Turns a plain model into this rank's parallel model parts, in a fixed order.
+
+Order: pipeline split -> tensor parallel -> activation checkpointing ->
+torch.compile -> FSDP2 or DDP. TP must see plain ``nn.Linear`` modules,
+checkpointing and compile wrap the already-sharded blocks, and FSDP goes last
+so it shards the final parameters (DTensors from TP included).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.pipelining.schedules import _PipelineSchedule
+
+from torchfleet_trainer.config import ConfigError, TrainConfig
+from torchfleet_trainer.distributed.data_parallel import apply_ddp, apply_fsdp
+from torchfleet_trainer.distributed.parallel_dims import ParallelDims
+from torchfleet_trainer.distributed.pipeline import build_schedule, split_model
+from torchfleet_trainer.distributed.tensor_parallel import apply_tensor_parallel
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
+
+
+@dataclass
+class ParallelModel:
+    """This rank's share of the model and how to run a forward/backward on it."""
+
+    parts: list[nn.Module]
+    schedule: _PipelineSchedule | None
+    has_first_stage: bool
+    has_last_stage: bool
+    # Set before each step: the factor the pipeline's per-microbatch loss is scaled by.
+    loss_scale: float = 1.0
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for part in self.parts for p in part.parameters()]
+
+    def train(self, mode: bool = True) -> None:
+        for part in self.parts:
+            part.train(mode)
+
+    def forward_backward(
+        self, inputs: torch.Tensor, targets: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        """Accumulates gradients of ``scale * mean loss``; returns the unscaled loss
+        (zero on pipeline ranks without the last stage)."""
+        if self.schedule is None:
+            loss = cross_entropy(self.parts[0](inputs), targets)
+            (loss * scale).backward()
+            return loss.detach()
+        self.loss_scale = scale
+        losses: list[torch.Tensor] = []
+        args = (inputs,) if self.has_first_stage else ()
+        self.schedule.step(*args, target=targets, losses=losses)
+        return self._mean_microbatch_loss(losses, scale, inputs.device)
+
+    @torch.no_grad()
+    def eval_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if self.schedule is None:
+            return cross_entropy(self.parts[0](inputs), targets)
+        self.loss_scale = 1.0
+        losses: list[torch.Tensor] = []
+        args = (inputs,) if self.has_first_stage else ()
+        self.schedule.eval(*args, target=targets, losses=losses)
+        return self._mean_microbatch_loss(losses, 1.0, inputs.device)
+
+    def _mean_microbatch_loss(
+        self, losses: list[torch.Tensor], scale: float, device: torch.device
+    ) -> torch.Tensor:
+        if not self.has_last_stage:
+            return torch.zeros((), device=device)
+        # Each microbatch loss was scaled by scale/n for backward; undo it.
+        return torch.stack([loss.detach() for loss in losses]).sum() / scale
+
+    def pipeline_loss(
+        self, n_microbatches: int
+    ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            return cross_entropy(logits, targets) * (self.loss_scale / n_microbatches)
+
+        return loss_fn
+
+
+def _require_decoder(model: nn.Module, what: str) -> None:
+    if not isinstance(getattr(model, "layers", None), nn.ModuleDict):
+        raise ConfigError(
+            f"parallel: {what} needs a model with a 'layers' ModuleDict of blocks "
+            "(like the built-in gpt/llama); this model has none"
+        )
+
+
+def _apply_within_stage(
+    part: nn.Module, config: TrainConfig, dims: ParallelDims, param_dtype: torch.dtype
+) -> None:
+    if dims.degrees.tp > 1:
+        apply_tensor_parallel(part, dims.mesh["tp"], config.parallel.sequence_parallel)
+    layers = getattr(part, "layers", None)
+    if isinstance(layers, nn.ModuleDict):
+        for name, block in list(layers.items()):
+            if config.training.activation_checkpointing == "full":
+                block = checkpoint_wrapper(block, preserve_rng_state=True)
+                layers[name] = block
+            if config.training.compile:
+                block.compile()
+    if dims.uses_fsdp:
+        apply_fsdp(part, dims.dp_mesh(), param_dtype, config.parallel.reshard_after_forward)
+    elif dims.uses_ddp:
+        apply_ddp(part, dims.mesh["dp_replicate"])
+
+
+def parallelize(
+    model: nn.Module,
+    config: TrainConfig,
+    dims: ParallelDims | None,
+    device: torch.device,
+    param_dtype: torch.dtype,
+) -> ParallelModel:
+    """This rank's parallel model; ``dims=None`` means a plain single-process model."""
+    if dims is None:
+        return ParallelModel([model], None, True, True)
+    if dims.degrees.tp > 1:
+        _require_decoder(model, "tensor parallelism")
+    if dims.degrees.pp == 1:
+        _apply_within_stage(model, config, dims, param_dtype)
+        return ParallelModel([model], None, True, True)
+    _require_decoder(model, "pipeline parallelism")
+    per_rank = config.parallel.stages_per_pipeline_rank
+    num_stages = dims.degrees.pp * per_rank
+    stages = split_model(model, dims.rank_in("pp"), dims.degrees.pp, per_rank)
+    for _, part in stages:
+        _apply_within_stage(part, config, dims, param_dtype)
+    n_micro = config.pipeline_microbatches(dims.degrees)
+    result = ParallelModel(
+        parts=[part for _, part in stages],
+        schedule=None,
+        has_first_stage=any(i == 0 for i, _ in stages),
+        has_last_stage=any(i == num_stages - 1 for i, _ in stages),
+    )
+    result.schedule = build_schedule(
+        stages,
+        num_stages,
+        dims.mesh["pp"],
+        device,
+        config.parallel.pipeline_schedule,
+        n_micro,
+        result.pipeline_loss(n_micro),
+    )
+    return result

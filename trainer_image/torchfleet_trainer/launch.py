@@ -1,0 +1,71 @@
+"""From the pod contract to training processes.
+
+* Started by torchrun, or one process per pod (``RANK``/``WORLD_SIZE`` set):
+  this process trains.
+* N processes per pod: PyTorch's elastic launcher (the API behind torchrun)
+  starts them with a static rendezvous at the master pod, forwards SIGTERM to
+  them and reports failures.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from torchfleet_trainer import contract
+from torchfleet_trainer.config import ConfigError, TrainConfig
+from torchfleet_trainer.train import run_worker
+
+EXIT_CONFIG = 2
+# 128 + SIGTERM, as a shell reports a terminated process: the gang was
+# preempted after saving, which is not success.
+EXIT_PREEMPTED = 143
+
+
+def _worker(config_json: str) -> str:
+    """Entry point of each process the elastic launcher starts."""
+    return run_worker(TrainConfig.model_validate_json(config_json)).status
+
+
+def launch(
+    config: TrainConfig, nproc_per_node: int | None = None, env: Mapping[str, str] | None = None
+) -> int:
+    env = os.environ if env is None else env
+    try:
+        pod = contract.PodContract.from_env(env)
+        if contract.RANK in env and contract.WORLD_SIZE in env:
+            config.check_world(int(env[contract.WORLD_SIZE]))
+            return _exit_code(run_worker(config).status)
+        nproc = nproc_per_node or pod.nproc_per_node
+        config.check_world(pod.nnodes * nproc)
+    except (ConfigError, contract.ContractError) as err:
+        print(f"torchfleet-train: {err}", file=sys.stderr)
+        return EXIT_CONFIG
+    if pod.nnodes * nproc == 1:
+        return _exit_code(run_worker(config).status)
+    launch_config = LaunchConfig(
+        min_nodes=pod.nnodes,
+        max_nodes=pod.nnodes,
+        nproc_per_node=nproc,
+        run_id=pod.job_name,
+        rdzv_backend="static",
+        rdzv_endpoint=f"{pod.master_addr}:{pod.master_port}",
+        rdzv_configs={"rank": pod.node_rank},
+        # The operator restarts the whole gang; restarting here would hide failures.
+        max_restarts=0,
+        start_method="spawn",
+    )
+    try:
+        results = elastic_launch(launch_config, _worker)(config.model_dump_json(by_alias=True))
+    except SignalException:
+        return EXIT_PREEMPTED
+    statuses = set(results.values()) if results else {"completed"}
+    return EXIT_PREEMPTED if "preempted" in statuses else 0
+
+
+def _exit_code(status: str) -> int:
+    return EXIT_PREEMPTED if status == "preempted" else 0

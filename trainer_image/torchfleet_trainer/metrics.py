@@ -1,0 +1,78 @@
+"""Prometheus series on the pod's metrics port and one JSON line per logged step."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
+
+STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+CHECKPOINT_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900)
+
+
+class TrainMetrics:
+    """The trainer's series. Each process has its own registry; local rank 0 serves it."""
+
+    def __init__(self, job: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = ("job_name",)
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, labels, registry=self.registry)
+
+        self.step = gauge("torchfleet_train_step", "Last completed optimizer step.")
+        self.loss = gauge("torchfleet_train_loss", "Training loss of the last logged step.")
+        self.eval_loss = gauge("torchfleet_train_eval_loss", "Validation loss, last evaluation.")
+        self.learning_rate = gauge("torchfleet_train_learning_rate", "Current learning rate.")
+        self.tokens_per_second = gauge(
+            "torchfleet_train_tokens_per_second", "Training tokens per second, all ranks."
+        )
+        self.mfu = gauge(
+            "torchfleet_train_mfu_ratio", "Model FLOPs utilisation against the peak (0-1)."
+        )
+        self.gpu_memory = gauge(
+            "torchfleet_train_gpu_memory_bytes", "Peak GPU memory allocated by this process."
+        )
+        self.step_seconds = Histogram(
+            "torchfleet_train_step_seconds",
+            "Wall time of one optimizer step.",
+            labels,
+            buckets=STEP_BUCKETS,
+            registry=self.registry,
+        )
+        self.checkpoint_save_seconds = Histogram(
+            "torchfleet_checkpoint_save_seconds",
+            "Time the loop was blocked saving a checkpoint.",
+            labels,
+            buckets=CHECKPOINT_BUCKETS,
+            registry=self.registry,
+        )
+        self.checkpoint_load_seconds = gauge(
+            "torchfleet_checkpoint_load_seconds", "Time taken to load the resumed checkpoint."
+        )
+        self._job = job
+        self.port: int | None = None
+
+    def labelled(self, metric: Any) -> Any:
+        return metric.labels(job_name=self._job)
+
+    def serve(self, port: int) -> int:
+        """Starts /metrics; returns the bound port (useful with port 0)."""
+        server, _thread = start_http_server(port, registry=self.registry)
+        self.port = int(server.server_port)
+        return self.port
+
+
+def log_json(event: str, **fields: Any) -> None:
+    """One machine-readable line on stdout, flushed so log shippers see it at once."""
+    record = {"event": event, "time": round(time.time(), 3), **fields}
+    sys.stdout.write(json.dumps(record, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+def flops_per_token(num_params: int, layers: int, dim: int, seq_len: int) -> float:
+    """Training FLOPs per token (PaLM appendix B): 6N plus attention's 12*L*d*T."""
+    return 6.0 * num_params + 12.0 * layers * dim * seq_len

@@ -1,0 +1,397 @@
+"""The training loop and the per-process setup around it."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from torchfleet_trainer import contract
+from torchfleet_trainer.checkpoint import Checkpointer
+from torchfleet_trainer.config import TrainConfig, resolve_checkpoint_dir, resolve_metrics_port
+from torchfleet_trainer.data import BatchSampler, load_corpus
+from torchfleet_trainer.distributed.parallel_dims import ParallelDims
+from torchfleet_trainer.distributed.parallelize import ParallelModel, parallelize
+from torchfleet_trainer.metrics import TrainMetrics, flops_per_token, log_json
+from torchfleet_trainer.models import build_model
+from torchfleet_trainer.schedule import lr_at
+
+H100_BF16_TFLOPS = 989.0
+
+
+@dataclass
+class Runtime:
+    """Where this process runs: device, precision and (unless single) its mesh."""
+
+    device: torch.device
+    dtype: torch.dtype
+    dims: ParallelDims | None
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_logger(self) -> bool:
+        return self.rank == 0
+
+
+@dataclass
+class RunResult:
+    status: str  # "completed" or "preempted"
+    start_step: int
+    last_step: int
+    history: list[dict[str, float]] = field(default_factory=list)
+    eval_losses: dict[int, float] = field(default_factory=dict)
+
+
+class StopFlag:
+    """Set by SIGTERM; ranks agree on it at each step boundary."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def install(self) -> None:
+        def handler(signum: int, frame: FrameType | None) -> None:
+            self.requested = True
+
+        signal.signal(signal.SIGTERM, handler)
+
+    def agreed(self, runtime: Runtime) -> bool:
+        if runtime.dims is None or runtime.world_size == 1:
+            return self.requested
+        flag = torch.tensor([1.0 if self.requested else 0.0], device=runtime.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+
+def pick_device(config: TrainConfig, local_rank: int) -> torch.device:
+    wanted = config.training.device
+    if wanted == "cuda" or (wanted == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def pick_dtype(config: TrainConfig, device: torch.device) -> torch.dtype:
+    precision = config.training.precision
+    if precision == "auto":
+        precision = "bf16" if device.type == "cuda" else "fp32"
+    return torch.bfloat16 if precision == "bf16" else torch.float32
+
+
+def build_runtime(config: TrainConfig, distributed: bool = True) -> Runtime:
+    """Reads this process's place from torch.distributed (already initialised)."""
+    local_rank = int(os.environ.get(contract.LOCAL_RANK, "0"))
+    device = pick_device(config, local_rank)
+    dtype = pick_dtype(config, device)
+    if not distributed:
+        return Runtime(device, dtype, None)
+    degrees = config.check_world(dist.get_world_size())
+    dims = ParallelDims.build(degrees, device.type)
+    return Runtime(device, dtype, dims, dist.get_rank(), dist.get_world_size(), local_rank)
+
+
+def make_optimizers(parts: list[nn.Module], config: TrainConfig) -> list[torch.optim.AdamW]:
+    """One AdamW per model part; matrices decay, biases and norm gains do not."""
+    opt = config.optimizer
+    optimizers = []
+    for part in parts:
+        params = [p for p in part.parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": opt.weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        optimizers.append(
+            torch.optim.AdamW(groups, lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps)
+        )
+    return optimizers
+
+
+def clip_grad_norm(model: ParallelModel, max_norm: float, runtime: Runtime) -> float:
+    """Global gradient norm over every shard and pipeline stage; clips when max_norm > 0."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    if runtime.dims is not None and runtime.dims.degrees.pp > 1:
+        # Each pipeline rank holds different parameters: sum the squares.
+        squared = norm**2
+        dist.all_reduce(squared, group=runtime.dims.mesh["pp"].get_group())
+        norm = squared.sqrt()
+    if max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+    return float(norm)
+
+
+def mean_over_data_parallel(loss: torch.Tensor, runtime: Runtime) -> float:
+    """The global batch's loss: only last pipeline stages hold one, TP ranks repeat it."""
+    if runtime.dims is None:
+        return float(loss)
+    total = loss.detach().float().reshape(1).clone()
+    dist.all_reduce(total)
+    return float(total) / (runtime.dims.degrees.dp * runtime.dims.degrees.tp)
+
+
+def seed_step(config: TrainConfig, step: int, runtime: Runtime) -> None:
+    """Dropout randomness is a function of (seed, step, dp rank, pp rank): restored on
+    resume by construction, and equal across TP ranks that hold replicated tensors."""
+    dp_rank = runtime.dims.dp_rank if runtime.dims else 0
+    pp_rank = runtime.dims.rank_in("pp") if runtime.dims else 0
+    torch.manual_seed(hash((config.training.seed, step, dp_rank, pp_rank)) % (2**63))
+
+
+class Trainer:
+    """Owns the model, optimizers, data, checkpoints and metrics of one run."""
+
+    def __init__(
+        self, config: TrainConfig, runtime: Runtime, metrics: TrainMetrics | None = None
+    ) -> None:
+        self.config = config
+        self.runtime = runtime
+        self.metrics = metrics
+        training = config.training
+        self.corpus = load_corpus(config.data, config.model.vocab_size, training.seed)
+        vocab = config.model.vocab_size or self.corpus.vocab_size
+        self.model = self._build_model(vocab)
+        self.optimizers = make_optimizers(self.model.parts, config)
+        dims = runtime.dims
+        self.dp_degree = dims.degrees.dp if dims else 1
+        self.sampler = BatchSampler(
+            self.corpus,
+            config.data.seq_len,
+            training.seed,
+            dims.dp_rank if dims else 0,
+            self.dp_degree,
+        )
+        self.micro_batch = training.global_batch_size // training.grad_accum_steps
+        self.stop = StopFlag()
+        ckpt_dir = resolve_checkpoint_dir(config)
+        self.checkpointer = (
+            Checkpointer(Path(ckpt_dir), config.checkpoint, self.model.parts, self.optimizers)
+            if config.checkpoint.enabled and ckpt_dir and runtime.dims is not None
+            else None
+        )
+
+    def _build_model(self, vocab: int) -> ParallelModel:
+        cfg, runtime = self.config, self.runtime
+        torch.manual_seed(cfg.training.seed)
+        # On GPUs build on the meta device and materialise only this rank's
+        # shards; on CPU build the full model so every layout starts from
+        # bit-identical weights.
+        init_device = torch.device("meta") if runtime.device.type == "cuda" else runtime.device
+        with init_device:
+            model = build_model(cfg.model, vocab)
+        if init_device.type != "meta":
+            _init_weights(model)
+        self.flops_per_token = flops_per_token(
+            sum(p.numel() for n, p in model.named_parameters() if "embeddings" not in n),
+            cfg.model.layers,
+            cfg.model.dim,
+            cfg.data.seq_len,
+        )
+        parallel = parallelize(model, cfg, runtime.dims, runtime.device, runtime.dtype)
+        if init_device.type == "meta":
+            for part in parallel.parts:
+                part.to_empty(device=runtime.device)
+                _init_weights(part)
+        return parallel
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        fsdp_casts = self.runtime.dims is not None and self.runtime.dims.uses_fsdp
+        if self.runtime.dtype == torch.float32 or fsdp_casts:
+            return contextlib.nullcontext()
+        return torch.autocast(self.runtime.device.type, dtype=self.runtime.dtype)
+
+    def train_state(self, step: int) -> dict[str, Any]:
+        return {"step": step, **self.sampler.state_dict()}
+
+    def resume(self) -> int:
+        if self.checkpointer is None:
+            return 0
+        state = self.train_state(0)
+        loaded = self.checkpointer.load_latest(state)
+        if loaded is None:
+            return 0
+        step, seconds = loaded
+        self.sampler.load_state_dict(state)
+        if self.metrics:
+            self.metrics.labelled(self.metrics.checkpoint_load_seconds).set(seconds)
+        self.log("resumed", step=step, load_seconds=round(seconds, 4))
+        return step
+
+    def run(self) -> RunResult:
+        cfg = self.config.training
+        self.stop.install()
+        start = self.resume()
+        result = RunResult("completed", start, start)
+        self.model.train()
+        for step in range(start + 1, cfg.steps + 1):
+            began = time.perf_counter()
+            lr = lr_at(step, self.config)
+            seed_step(self.config, step, self.runtime)
+            for opt in self.optimizers:
+                for group in opt.param_groups:
+                    group["lr"] = lr
+                opt.zero_grad(set_to_none=True)
+            loss = torch.zeros((), device=self.runtime.device)
+            for _ in range(cfg.grad_accum_steps):
+                inputs, targets = self._batch("train", self.micro_batch)
+                with self.autocast():
+                    micro = self.model.forward_backward(inputs, targets, 1 / cfg.grad_accum_steps)
+                loss += micro / cfg.grad_accum_steps
+            grad_norm = clip_grad_norm(self.model, self.config.optimizer.grad_clip, self.runtime)
+            for opt in self.optimizers:
+                opt.step()
+            record = {"step": step, "loss": mean_over_data_parallel(loss, self.runtime)}
+            record.update(lr=lr, grad_norm=grad_norm, step_seconds=time.perf_counter() - began)
+            result.history.append(record)
+            result.last_step = step
+            self._report(record)
+            if cfg.eval_interval and (step % cfg.eval_interval == 0 or step == cfg.steps):
+                result.eval_losses[step] = self.evaluate(step)
+            stopping = self.stop.agreed(self.runtime)
+            if self._should_save(step, stopping):
+                self.save(step, final=stopping or step == cfg.steps)
+            if stopping:
+                result.status = "preempted"
+                self.log("preempted", step=step)
+                break
+        if self.checkpointer:
+            self.checkpointer.wait()
+        return result
+
+    def _batch(self, split: str, global_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, targets = self.sampler.next_batch(split, global_rows)  # type: ignore[arg-type]
+        device = self.runtime.device
+        return inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+
+    def _should_save(self, step: int, stopping: bool) -> bool:
+        if self.checkpointer is None:
+            return False
+        ckpt = self.config.checkpoint
+        if stopping:
+            return ckpt.save_on_sigterm
+        if step == self.config.training.steps:
+            return ckpt.save_final
+        return step % ckpt.interval == 0
+
+    def save(self, step: int, final: bool) -> None:
+        assert self.checkpointer is not None
+        # The last save before exiting must finish, so it is never asynchronous.
+        seconds = self.checkpointer.save(step, self.train_state(step), force_sync=final)
+        if self.metrics:
+            self.metrics.labelled(self.metrics.checkpoint_save_seconds).observe(seconds)
+        self.log("checkpoint", step=step, blocked_seconds=round(seconds, 4))
+
+    @torch.no_grad()
+    def evaluate(self, step: int) -> float:
+        """Mean loss over the same evalBatches validation batches every time."""
+        self.model.train(False)
+        saved_position = self.sampler.position["val"]
+        self.sampler.position["val"] = 0
+        total = 0.0
+        for _ in range(self.config.training.eval_batches):
+            inputs, targets = self._batch("val", self.micro_batch)
+            with self.autocast():
+                total += mean_over_data_parallel(
+                    self.model.eval_loss(inputs, targets), self.runtime
+                )
+        self.sampler.position["val"] = saved_position
+        self.model.train(True)
+        loss = total / self.config.training.eval_batches
+        if self.metrics:
+            self.metrics.labelled(self.metrics.eval_loss).set(loss)
+        self.log("eval", step=step, val_loss=round(loss, 6))
+        return loss
+
+    def _report(self, record: dict[str, float]) -> None:
+        step_seconds = record["step_seconds"]
+        tokens = self.config.training.global_batch_size * self.config.data.seq_len
+        tokens_per_second = tokens / step_seconds
+        mfu = self._mfu(tokens_per_second)
+        if self.metrics:
+            m, lab = self.metrics, self.metrics.labelled
+            lab(m.step).set(record["step"])
+            lab(m.loss).set(record["loss"])
+            lab(m.learning_rate).set(record["lr"])
+            lab(m.tokens_per_second).set(tokens_per_second)
+            lab(m.step_seconds).observe(step_seconds)
+            if mfu is not None:
+                lab(m.mfu).set(mfu)
+            if self.runtime.device.type == "cuda":
+                lab(m.gpu_memory).set(torch.cuda.max_memory_allocated(self.runtime.device))
+        step = int(record["step"])
+        if step % self.config.training.log_interval == 0 or step == self.config.training.steps:
+            extra = {"mfu": round(mfu, 4)} if mfu is not None else {}
+            self.log("step", **record, tokens_per_second=round(tokens_per_second, 1), **extra)
+
+    def _mfu(self, tokens_per_second: float) -> float | None:
+        peak = self.config.metrics.peak_tflops
+        if peak is None and self.runtime.device.type == "cuda":
+            peak = H100_BF16_TFLOPS
+        if peak is None:
+            return None
+        achieved = tokens_per_second * self.flops_per_token
+        return achieved / (peak * 1e12 * self.runtime.world_size)
+
+    def log(self, event: str, **fields: Any) -> None:
+        if self.runtime.is_logger and self.config.metrics.json_logs:
+            clean = {
+                k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v)
+                for k, v in fields.items()
+            }
+            log_json(event, **clean)
+
+
+def _init_weights(model: nn.Module) -> None:
+    """Built-in models initialise themselves; user models keep their own init."""
+    init = getattr(model, "init_weights", None)
+    if callable(init):
+        init()
+
+
+# ---- process entry ---------------------------------------------------------------------
+
+
+def init_distributed(config: TrainConfig) -> None:
+    """Joins the process group torchrun (or the pod contract) describes."""
+    if dist.is_initialized():
+        return
+    device = pick_device(config, int(os.environ.get(contract.LOCAL_RANK, "0")))
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if contract.RANK not in os.environ:
+        # A lone process with no launcher: a private in-memory store.
+        store = dist.HashStore()
+        dist.init_process_group(backend, store=store, rank=0, world_size=1)
+        return
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        dist.init_process_group(backend, device_id=device)
+    else:
+        dist.init_process_group(backend)
+
+
+def run_worker(config: TrainConfig) -> RunResult:
+    """One training process: process group, metrics server, loop, clean shutdown."""
+    init_distributed(config)
+    try:
+        runtime = build_runtime(config)
+        metrics = None
+        if config.metrics.enabled and runtime.local_rank == 0:
+            metrics = TrainMetrics(os.environ.get(contract.JOB_NAME, "local"))
+            port = metrics.serve(resolve_metrics_port(config))
+            if runtime.is_logger and config.metrics.json_logs:
+                log_json("metrics", port=port)
+        return Trainer(config, runtime, metrics).run()
+    finally:
+        dist.destroy_process_group()
