@@ -32,7 +32,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--bridge", default="tfleet0", help="Linux bridge the pods attach to")
     parser.add_argument(
-        "--cidr", default="10.250.0.0/16", help="pod network; node i gets the (i+1)-th /24 of it"
+        "--cidr", default="10.253.0.0/16", help="pod network; node i gets the (i+1)-th /24 of it"
     )
     parser.add_argument(
         "--bin-dir",

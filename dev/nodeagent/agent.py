@@ -43,7 +43,7 @@ class AgentConfig:
     node_names: list[str]
     state_dir: Path
     bridge: str = "tfleet0"
-    cidr: str = "10.250.0.0/16"
+    cidr: str = "10.253.0.0/16"
     cpu: str = str((os.cpu_count() or 1) * 8)
     memory: str = "64Gi"
     # The node's "image": what a container's PATH finds first.
@@ -108,7 +108,7 @@ class Agent:
     # ---- start and stop -------------------------------------------------------------
 
     def start(self) -> None:
-        for stale in network.stale_pod_networks():
+        for stale in network.stale_pod_networks(self.bridge):
             network.delete_pod_network(stale)
         self.bridge.ensure()
         self.config.state_dir.mkdir(parents=True, exist_ok=True)
@@ -144,7 +144,8 @@ class Agent:
         if delete_nodes:
             for name in self.config.node_names:
                 self._quietly(self.kube.delete_node, name)
-        for stale in network.stale_pod_networks():
+            self._quietly(self.provisioner.remove)
+        for stale in network.stale_pod_networks(self.bridge):
             network.delete_pod_network(stale)
         self.bridge.remove()
         for path in sorted(self.created_mountpoints, key=len, reverse=True):

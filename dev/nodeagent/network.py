@@ -77,8 +77,23 @@ class AddressPool:
             self._used.discard(ip)
 
 
-def netns_name(pod_uid: str) -> str:
-    return f"tfpod-{pod_uid[:13]}"
+NETNS_PREFIX = "tfpod-"
+
+
+def netns_name(bridge: str, pod_uid: str) -> str:
+    """Named after the agent's bridge too, so agents side by side (tests, the
+    demo) clean up only their own namespaces."""
+    return f"{NETNS_PREFIX}{bridge}-{pod_uid}"
+
+
+def find_netns(pod_uid: str) -> str | None:
+    """The network namespace of a running pod, whichever agent runs it."""
+    out = _ip("netns", "list", check=False).stdout
+    for line in out.splitlines():
+        name = line.split()[0] if line.split() else ""
+        if name.startswith(NETNS_PREFIX) and name.endswith(f"-{pod_uid}"):
+            return name
+    return None
 
 
 def _veth_name(pod_uid: str) -> str:
@@ -88,7 +103,7 @@ def _veth_name(pod_uid: str) -> str:
 
 def create_pod_network(pod_uid: str, ip: str, bridge: Bridge) -> PodNetwork:
     """A network namespace with loopback and an eth0 on the bridge at ``ip``."""
-    net = PodNetwork(netns_name(pod_uid), ip)
+    net = PodNetwork(netns_name(bridge.name, pod_uid), ip)
     delete_pod_network(net.netns)
     veth = _veth_name(pod_uid)
     _ip("netns", "add", net.netns)
@@ -106,7 +121,8 @@ def delete_pod_network(netns: str) -> None:
     _ip("netns", "del", netns, check=False)
 
 
-def stale_pod_networks() -> list[str]:
-    """Namespaces a previous agent left behind (it was killed, not stopped)."""
+def stale_pod_networks(bridge: Bridge) -> list[str]:
+    """Namespaces a previous agent on this bridge left behind (it was killed)."""
     out = _ip("netns", "list", check=False).stdout
-    return [line.split()[0] for line in out.splitlines() if line.startswith("tfpod-")]
+    prefix = f"{NETNS_PREFIX}{bridge.name}-"
+    return [line.split()[0] for line in out.splitlines() if line.startswith(prefix)]

@@ -92,6 +92,8 @@ class Provisioner:
     def provision_pending(self) -> None:
         """One pass: a volume for every pending claim of our class, and the
         volumes whose claims are gone deleted."""
+        # Another agent that stopped may have removed the class we share.
+        self.ensure_storage_class()
         claims = self.kube.request("GET", "/api/v1/persistentvolumeclaims")["items"]
         volumes = self.kube.request("GET", "/api/v1/persistentvolumes")["items"]
         existing = {v["metadata"]["name"] for v in volumes}
@@ -112,6 +114,16 @@ class Provisioner:
                 self.kube.request(
                     "DELETE", f"/api/v1/persistentvolumes/{volume['metadata']['name']}"
                 )
+
+    def remove(self) -> None:
+        """On the way out: the StorageClass goes (so later claims do not wait
+        for a provisioner that is gone), and so do its unbound volumes."""
+        self.kube.request("DELETE", f"/apis/storage.k8s.io/v1/storageclasses/{STORAGE_CLASS}")
+        for volume in self.kube.request("GET", "/api/v1/persistentvolumes")["items"]:
+            ours = volume["spec"].get("storageClassName") == STORAGE_CLASS
+            if ours and (volume.get("status") or {}).get("phase") != "Bound":
+                name = volume["metadata"]["name"]
+                self.kube.request("DELETE", f"/api/v1/persistentvolumes/{name}")
 
     def _create(self, manifest: dict[str, Any]) -> None:
         try:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.fixtures.e2e import LOCAL_PLACEMENT
+from tests.fixtures.e2e import apply_objects as apply
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
@@ -36,11 +37,6 @@ def python_pod(name: str, code: str, **spec: Any) -> dict[str, Any]:
             **spec,
         },
     }
-
-
-def apply(cluster: Any, namespace: str, *objects: dict[str, Any]) -> None:
-    items = {"apiVersion": "v1", "kind": "List", "items": list(objects)}
-    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(items))
 
 
 def get_pod(cluster: Any, namespace: str, name: str) -> dict[str, Any]:
@@ -107,7 +103,7 @@ def test_env_field_refs_and_var_expansion(cluster, namespace, node_agent):
 
     assert done["status"]["phase"] == "Succeeded", node_agent.logs(namespace, "envpod", "main")
     lines = dict(
-        line.split("=", 1) for line in node_agent.logs(namespace, "envpod", "main")[0].split()
+        line.split("=", 1) for line in node_agent.logs(namespace, "envpod", "main")[0].splitlines()
     )
     node = done["spec"]["nodeName"]
     assert lines == {
