@@ -1,0 +1,169 @@
+"""The images' install steps, replayed from the Dockerfiles in clean virtual
+environments (no Docker engine here): the operator image gets a working
+``torchfleet-operator`` and no torch; the trainer image a working
+``torchfleet-train`` on top of the PyTorch base's torch.
+
+pip's cache under $HOME is reused (what is installed is hash-checked all the
+same), so a warm run takes well under a minute; a cold one downloads about
+60 MB for the operator and the trainer's numpy.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from tests.images.replay import Replay, base_images, host_environment, replay
+
+REPO = Path(__file__).resolve().parents[2]
+OPERATOR_DOCKERFILE = REPO / "Dockerfile"
+TRAINER_DOCKERFILE = REPO / "trainer_image/Dockerfile"
+
+VENV_SEEDS = {"pip", "setuptools"}
+
+pytestmark = pytest.mark.timeout(420)
+
+
+def locked_names(lock: Path) -> set[str]:
+    names: set[str] = set()
+    for line in lock.read_text().splitlines():
+        if line and not line[0].isspace() and not line.startswith("#") and "==" in line:
+            names.add(canonicalize_name(line.split("==")[0]))
+    return names
+
+
+@pytest.fixture(scope="module")
+def python_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Stands in for the slim Python image: this interpreter's base Python,
+    alone on PATH (its bin folder also holds unrelated tools)."""
+    bin_dir = tmp_path_factory.mktemp("python-image") / "bin"
+    bin_dir.mkdir()
+    base = Path(sys.base_prefix) / "bin"
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    for link in ("python", "python3", version):
+        (bin_dir / link).symlink_to(base / version)
+    (bin_dir / "pip").symlink_to(base / "pip3")
+    return bin_dir
+
+
+def dependency_closure(name: str) -> list[importlib.metadata.Distribution]:
+    """A distribution and everything it requires (extras included, as in
+    torch's ``cuda-toolkit[cudart,...]``), as installed in this venv."""
+    found: dict[str, importlib.metadata.Distribution] = {}
+    seen: set[tuple[str, str]] = set()
+    todo: list[tuple[str, str]] = [(name, "")]
+    while todo:
+        key, extra = todo.pop()
+        key = canonicalize_name(key)
+        if (key, extra) in seen:
+            continue
+        seen.add((key, extra))
+        dist = found.setdefault(key, importlib.metadata.distribution(key))
+        for line in dist.requires or []:
+            requirement = Requirement(line)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": extra}):
+                todo += [(requirement.name, e) for e in ("", *requirement.extras)]
+    return list(found.values())
+
+
+@pytest.fixture(scope="module")
+def pytorch_image(tmp_path_factory: pytest.TempPathFactory, python_image: Path) -> Path:
+    """Stands in for the official PyTorch image: a fresh venv that already has
+    torch and torch's own dependencies, and nothing else.
+
+    Installing the CUDA torch wheel again would cost gigabytes and minutes, so
+    torch and its dependency closure are linked in from this test run's venv
+    through a .pth file (a --system-site-packages venv would instead expose the
+    base interpreter's packages, which hold no torch). Packages outside the
+    venv's own prefix are never uninstalled or changed by pip."""
+    root = tmp_path_factory.mktemp("pytorch-image")
+    subprocess.run([python_image / "python", "-m", "venv", root / "venv"], check=True)
+    # The venv's seed setuptools (3.11 only) is older than torch requires; in
+    # the image the one torch's dependencies bring is the one there is.
+    pip: list[str | Path] = [root / "venv/bin/python", "-m", "pip", "--disable-pip-version-check"]
+    subprocess.run([*pip, "uninstall", "--yes", "--quiet", "setuptools"], check=True)
+    provided = root / "site"
+    provided.mkdir()
+    for dist in dependency_closure("torch"):
+        for top in {f.parts[0] for f in dist.files or [] if f.parts[0] != ".."}:
+            link = provided / top
+            if not link.exists():
+                link.symlink_to(Path(str(dist.locate_file(top))))
+    site_packages = next((root / "venv/lib").glob("python3*/site-packages"))
+    (site_packages / "pytorch_image.pth").write_text(f"{provided}\n")
+    return root / "venv/bin"
+
+
+def run(replayed: Replay, *command: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(c) for c in command],
+        env=replayed.stage.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def installed(replayed: Replay, python: Path) -> set[str]:
+    out = run(replayed, python, "-m", "pip", "list", "--format=json")
+    assert out.returncode == 0, out.stderr
+    return {canonicalize_name(p["name"]) for p in json.loads(out.stdout)}
+
+
+def test_operator_image_runs_the_operator_and_holds_no_torch(
+    tmp_path: Path, python_image: Path
+) -> None:
+    (base,) = set(base_images(OPERATOR_DOCKERFILE))
+    replayed = replay(OPERATOR_DOCKERFILE, REPO, tmp_path, {base: python_image}, host_environment())
+
+    help_text = run(replayed, replayed.entrypoint_executable(), "--help")
+    assert help_text.returncode == 0, help_text.stderr
+    assert help_text.stdout.startswith("usage: torchfleet-operator")
+
+    python = replayed.host_path("/opt/torchfleet/bin/python")
+    packages = installed(replayed, python)
+    assert "torch" not in packages
+    assert {"kopf", "kubernetes", "prometheus-client", "torchfleet"} <= packages
+    # Nothing beyond the lock got in, but the package and what `python -m venv`
+    # seeds (pip; setuptools too on Python 3.11).
+    unlocked = packages - locked_names(REPO / "requirements/operator.txt")
+    assert unlocked - VENV_SEEDS == {"torchfleet"}
+
+    assert replayed.stage.user == "65532:65532"
+    assert [s.split()[0] for s in replayed.stage.skipped] == ["groupadd"]
+
+
+def test_trainer_image_runs_the_trainer_on_the_base_images_torch(
+    tmp_path: Path, python_image: Path, pytorch_image: Path
+) -> None:
+    bases = base_images(TRAINER_DOCKERFILE)
+    pytorch_base = next(b for b in bases if b.startswith("pytorch/pytorch:"))
+    python_base = next(b for b in bases if b.startswith("python:"))
+    replayed = replay(
+        TRAINER_DOCKERFILE,
+        REPO,
+        tmp_path,
+        {python_base: python_image, pytorch_base: pytorch_image},
+        host_environment(),
+    )
+
+    help_text = run(replayed, replayed.entrypoint_executable(), "--help")
+    assert help_text.returncode == 0, help_text.stderr
+    assert help_text.stdout.startswith("usage: torchfleet-train")
+
+    # The runtime's real imports resolve: the base's torch, the lock's numpy.
+    python = pytorch_image / "python"
+    imports = run(replayed, python, "-c", "import numpy, torch, torchfleet_trainer.train")
+    assert imports.returncode == 0, imports.stderr
+
+    # The base image's torch was kept, not downloaded a second time.
+    torch_at = run(replayed, python, "-c", "import torch; print(torch.__file__)")
+    assert torch_at.stdout.startswith(str(pytorch_image.parent.parent / "site")), torch_at.stdout
+    assert replayed.stage.user == "1000"
