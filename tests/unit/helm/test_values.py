@@ -54,7 +54,7 @@ def _groups_keys(lines: list[str], number: int, indent: int) -> bool:
         return False
     below = [line for line in lines[number + 1 :] if not line.lstrip().startswith("#")]
     child = KEY_LINE.match(below[0]) if below else None
-    return bool(child) and len(child["indent"]) > indent
+    return child is not None and len(child["indent"]) > indent
 
 
 def test_every_value_is_documented() -> None:
