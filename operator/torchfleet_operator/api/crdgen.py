@@ -67,7 +67,7 @@ def _keys_as_cel(property_names: dict[str, Any]) -> list[dict[str, str]]:
     """Map key constraints (no propertyNames in structural schemas) as CEL."""
     checks, words = [], []
     if "pattern" in property_names:
-        checks.append(f"k.matches('{property_names['pattern']}')")
+        checks.append(f"k.matches(r'{property_names['pattern']}')")  # raw: no escapes
         words.append(f"match {property_names['pattern']}")
     if "maxLength" in property_names:
         checks.append(f"size(k) <= {property_names['maxLength']}")
@@ -106,6 +106,12 @@ def structural(node: dict[str, Any], defs: dict[str, Any], path: str = "") -> di
             # False (extra="forbid") is the default for structural schemas.
         elif key == "propertyNames":
             out.setdefault("x-kubernetes-validations", []).extend(_keys_as_cel(value))
+        elif key == "patternProperties":
+            # pydantic's form of a map with a key pattern: one value schema.
+            ((pattern, values),) = value.items()
+            out["additionalProperties"] = structural(values, defs, f"{path}{{}}")
+            rules = _keys_as_cel({"pattern": pattern})
+            out.setdefault("x-kubernetes-validations", []).extend(rules)
         elif key == "x-kubernetes-validations":
             out.setdefault(key, []).extend(value)
         else:
@@ -145,8 +151,9 @@ def _without_defaults(node: dict[str, Any]) -> None:
 def openapi_schema() -> dict[str, Any]:
     """The TrainingJob's openAPIV3Schema."""
     raw = TrainingJob.model_json_schema(by_alias=True, mode="validation")
-    # Only name/generateName of metadata may be constrained (by the root rules).
-    raw["properties"]["metadata"] = {"type": "object"}
+    # Metadata may constrain only name (and generateName); the rest is the server's.
+    name = raw["$defs"]["ObjectMeta"]["properties"]["name"]
+    raw["properties"]["metadata"] = {"type": "object", "properties": {"name": name}}
     schema = structural(raw, raw.get("$defs", {}))
     properties = schema["properties"]
     for name in ("apiVersion", "kind"):

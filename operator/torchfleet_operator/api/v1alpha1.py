@@ -310,7 +310,7 @@ class ClaimTemplate(ApiModel):
     )
     size: Quantity = Field(description="Requested capacity, e.g. 500Gi.")
     access_modes: unique_list(AccessMode) = Field(  # type: ignore[valid-type]
-        default_factory=lambda: ["ReadWriteMany"],
+        ["ReadWriteMany"],  # a plain default (not a factory) so the CRD carries it
         min_length=1,
         max_length=3,
         description="Access modes; every node writes its shards, so more than one node "
@@ -529,10 +529,11 @@ _FIXED = "({} * {} * {})".format(
     )
 )
 _SHARD = or_default(_PARALLEL, ParallelConfig, "data_parallel_shard")
+# format(), not '+': the cost estimator prices string concatenation as unbounded.
 _DEGREES_MESSAGE = (
-    f"'trainer.parallel: dataParallelReplicate x tensor x pipeline = ' + string({_FIXED}) + "
-    f"({_SHARD} == -1 ? ' does not divide' : ' x dataParallelShard ' + string({_SHARD}) + "
-    f"' does not equal') + ' the world size ' + string({_WORLD}) + ' (nodes x processesPerNode)'"
+    "'trainer.parallel: dataParallelReplicate x tensor x pipeline = %d%s the world size %d "
+    f"(nodes x processesPerNode)'.format([{_FIXED}, {_SHARD} == -1 ? ' does not divide' : "
+    f"' x dataParallelShard %d does not equal'.format([{_SHARD}]), {_WORLD}])"
 )
 
 
@@ -639,7 +640,8 @@ class TrainingJobSpec(ApiModel):
         ),
         *(
             Rule(
-                cel=f"oldSelf.suspend || self.?{field} == oldSelf.?{field}",
+                cel=f"oldSelf.suspend || (has(self.{field}) == has(oldSelf.{field}) && "
+                f"(!has(self.{field}) || self.{field} == oldSelf.{field}))",
                 message=f"spec.{field} may change only while the job is suspended",
                 check=None,
                 field_path=f".{field}",
@@ -772,31 +774,32 @@ class TrainingJobStatus(StatusModel):
 # ---- the object ---------------------------------------------------------------------------
 
 
+# A DNS label starting with a letter (it names the job's headless Service), short
+# enough for the pod names and hostnames derived from it.
+JobName = Annotated[
+    str,
+    StringConstraints(
+        min_length=1, max_length=c.MAX_JOB_NAME_LENGTH, pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+    ),
+]
+
+
 class ObjectMeta(BaseModel):
     """The parts of metadata the operator reads; everything else is kept."""
 
     model_config = ConfigDict(alias_generator=None, populate_by_name=True, extra="allow")
 
-    name: str | None = None
+    name: JobName | None = Field(
+        None,
+        description=f"The job's name: a DNS label starting with a letter, at most "
+        f"{c.MAX_JOB_NAME_LENGTH} characters (pod names and hostnames are derived from it).",
+    )
     namespace: str | None = None
     uid: str | None = None
     generation: int | None = None
     resource_version: str | None = Field(None, alias="resourceVersion")
     labels: dict[str, str] | None = None
     annotations: dict[str, str] | None = None
-
-
-_NAME_FORMAT = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
-
-
-def _name_fits(job: TrainingJob) -> bool:
-    name = job.metadata.name
-    return name is None or len(name) <= c.MAX_JOB_NAME_LENGTH
-
-
-def _name_is_dns_label(job: TrainingJob) -> bool:
-    name = job.metadata.name
-    return name is None or re.fullmatch(_NAME_FORMAT, name) is not None
 
 
 class TrainingJob(ApiModel):
@@ -810,20 +813,3 @@ class TrainingJob(ApiModel):
     metadata: ObjectMeta = Field(default_factory=ObjectMeta, description="Standard metadata.")
     spec: TrainingJobSpec = Field(description="What to run and how.")
     status: TrainingJobStatus | None = Field(None, description="What the operator observed.")
-
-    rules = (
-        Rule(
-            cel=f"size(self.metadata.name) <= {c.MAX_JOB_NAME_LENGTH}",
-            message=f"metadata.name must be at most {c.MAX_JOB_NAME_LENGTH} characters "
-            "(pod names and hostnames are derived from it)",
-            check=_name_fits,
-            field_path=".metadata.name",
-        ),
-        Rule(
-            cel=f"self.metadata.name.matches('{_NAME_FORMAT}')",
-            message="metadata.name must be a DNS label starting with a letter (it names "
-            "the job's Service)",
-            check=_name_is_dns_label,
-            field_path=".metadata.name",
-        ),
-    )

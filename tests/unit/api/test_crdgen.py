@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from torchfleet_operator.api import crdgen, v1alpha1
 from torchfleet_operator.api.base import ApiModel, Rule
 
@@ -137,6 +138,23 @@ def test_spec_defaults_match_the_models() -> None:
     assert "default" not in spec["properties"]["checkpoint"]
 
 
+@pytest.mark.parametrize(
+    "model",
+    [m for m in vars(v1alpha1).values() if isinstance(m, type) and issubclass(m, ApiModel)],
+    ids=lambda m: m.__name__,
+)
+def test_every_python_default_is_a_schema_default(model: type[ApiModel]) -> None:
+    """The API server can only apply defaults the schema carries; a default the
+    models alone apply would make stored jobs differ from parsed ones."""
+    properties = model.model_json_schema(by_alias=True)["properties"]
+    for name, info in model.model_fields.items():
+        if info.is_required() or (info.default is None and info.default_factory is None):
+            continue
+        if name == "trainer" or model is v1alpha1.TrainingJob:
+            continue  # the trainer image owns its defaults; apiVersion/kind are the server's
+        assert "default" in properties[info.alias or name], f"{model.__name__}.{name}"
+
+
 def test_trainer_schema_comes_from_the_trainer_model_without_defaults() -> None:
     trainer = _node("spec.trainer")
     assert set(trainer["properties"]) >= {"model", "data", "training", "parallel", "checkpoint"}
@@ -154,12 +172,12 @@ def test_optional_fields_are_plain_types_not_nullable() -> None:
     assert _node("spec.checkpoint")["type"] == "object"
 
 
-def test_spec_requires_spec_and_allows_metadata() -> None:
+def test_spec_is_required_and_metadata_constrains_only_the_name() -> None:
     schema = _schema()
     assert schema["required"] == ["spec"]
-    assert schema["properties"]["metadata"] == {"type": "object"}
-    root_rules = [rule["fieldPath"] for rule in schema["x-kubernetes-validations"]]
-    assert root_rules == [".metadata.name", ".metadata.name"]
+    metadata = schema["properties"]["metadata"]
+    assert set(metadata["properties"]) == {"name"}
+    assert metadata["properties"]["name"]["maxLength"] == 48
 
 
 def _rule_models() -> list[type[ApiModel]]:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.unit.api.cases import INVALID, Invalid, job, nested
 from torchfleet_operator.api import (
     InvalidSpecError,
     TrainingJobSpec,
@@ -16,8 +18,6 @@ from torchfleet_operator.api import (
     parse_training_job,
     to_manifest,
 )
-
-from tests.unit.api.cases import INVALID, Invalid, job, nested
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "examples").glob("*.yaml"))
 
@@ -125,14 +125,9 @@ def test_examples_parse_and_round_trip(path: Path) -> None:
     assert parse_training_job(to_manifest(parsed)) == parsed
 
 
-def test_examples_are_the_five_named_ones() -> None:
-    assert [p.stem for p in EXAMPLES] == [
-        "3d-parallel",
-        "byo-torchrun",
-        "ddp-cpu",
-        "fsdp-ib",
-        "kueue-suspended",
-    ]
+def test_the_five_named_examples_exist() -> None:
+    named = {"3d-parallel", "byo-torchrun", "ddp-cpu", "fsdp-ib", "kueue-suspended"}
+    assert named <= {p.stem for p in EXAMPLES}
 
 
 def test_status_written_by_the_operator_parses_leniently() -> None:

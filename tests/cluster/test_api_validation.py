@@ -1,0 +1,160 @@
+"""The CRD on a real API server: invalid jobs rejected naming the field,
+examples accepted, transition rules, kubectl explain and printer columns."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.fixtures.api import TrainingJobs
+from tests.unit.api.cases import INVALID, Invalid, job
+from torchfleet_operator.api import (
+    Condition,
+    ProgressStatus,
+    ReplicaStatus,
+    ReplicaStatuses,
+    TrainingJobStatus,
+    parse_training_job,
+)
+
+pytestmark = pytest.mark.cluster
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+
+
+def test_there_are_at_least_25_invalid_cases() -> None:
+    assert len(INVALID) >= 25
+
+
+@pytest.fixture(scope="module")
+def validation_namespace(cluster: Any, trainingjob_crd: str) -> Any:
+    name = f"api-validation-{int(time.time() * 1000) % 10**8}"
+    cluster.kubectl("create", "namespace", name)
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.mark.parametrize("case", INVALID, ids=lambda case: case.id)
+def test_api_server_rejects_naming_the_field(
+    case: Invalid, trainingjobs: TrainingJobs, validation_namespace: str
+) -> None:
+    rejection = trainingjobs.admit(validation_namespace, case.manifest())
+    assert rejection is not None, f"{case.id}: the API server accepted it"
+    assert rejection.names(case.field), rejection.message
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_example_is_accepted_by_server_side_dry_run(
+    path: Path, cluster: Any, trainingjob_crd: str, namespace: str
+) -> None:
+    out = cluster.kubectl(
+        "apply", "--server-side", "--dry-run=server", "-n", namespace, "-f", str(path), "-o", "json"
+    )
+    admitted = json.loads(out.stdout)
+    # What the server would store parses into the models, defaults included.
+    assert (
+        parse_training_job(admitted).metadata.name
+        == yaml.safe_load(path.read_text())["metadata"]["name"]
+    )
+
+
+def _patch(
+    cluster: Any, namespace: str, name: str, patch: dict[str, Any], check: bool = True
+) -> Any:
+    return cluster.kubectl(
+        "patch", "tj", name, "-n", namespace, "--type=merge", "-p", json.dumps(patch), check=check
+    )
+
+
+def test_pod_shaping_fields_change_only_while_suspended(
+    cluster: Any, trainingjobs: TrainingJobs, namespace: str
+) -> None:
+    trainingjobs.create(namespace, job("shape", {"image": "trainer:1", "worker": {"replicas": 1}}))
+
+    for patch, field in (
+        ({"spec": {"image": "trainer:2"}}, "spec.image"),
+        ({"spec": {"worker": {"replicas": 3}}}, "spec.worker"),
+        ({"spec": {"resources": {"gpus": 1}}}, "spec.resources"),
+    ):
+        refused = _patch(cluster, namespace, "shape", patch, check=False)
+        assert refused.returncode != 0 and field in refused.stderr, refused.stderr
+
+    # Fields that do not shape pods change freely.
+    _patch(cluster, namespace, "shape", {"spec": {"runPolicy": {"backoffLimit": 7}}})
+    # Suspend, then reshape (as Kueue does before admitting), then resume in one go.
+    _patch(cluster, namespace, "shape", {"spec": {"suspend": True}})
+    _patch(cluster, namespace, "shape", {"spec": {"image": "trainer:2", "suspend": False}})
+    stored = parse_training_job(trainingjobs.get(namespace, "shape")).spec
+    assert (stored.image, stored.suspend, stored.run_policy.backoff_limit) == (
+        "trainer:2",
+        False,
+        7,
+    )
+
+
+def test_kubectl_explain_reads_the_descriptions(cluster: Any, trainingjob_crd: str) -> None:
+    deadline = time.monotonic() + 60
+    while True:  # the OpenAPI document catches up with a new CRD within seconds
+        out = cluster.kubectl("explain", "trainingjob.spec.network", check=False)
+        if out.returncode == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert out.returncode == 0, out.stderr
+    assert "Transport, NICs, RDMA and NCCL settings." in out.stdout
+    for field in ("ncclEnv", "ibHCAs", "gpuDirectRDMALevel", "hostNetwork", "rdmaResources"):
+        assert field in out.stdout
+    leaf = cluster.kubectl("explain", "tj.spec.runPolicy.restartPolicy").stdout
+    assert "128 and above" in leaf
+
+
+def test_status_from_the_models_is_stored_and_printed(
+    cluster: Any, trainingjobs: TrainingJobs, namespace: str
+) -> None:
+    """The operator writes status through the status models: the schema must
+    take it as is, and the printer columns must show it."""
+    trainingjobs.create(namespace, job("printed", {"worker": {"replicas": 3}}))
+    status = TrainingJobStatus(
+        phase="Running",
+        conditions=[
+            Condition(
+                type="Running",
+                status="True",
+                reason="AllPodsReady",
+                message="4/4 pods ready",
+                last_transition_time="2026-11-20T23:00:00Z",  # type: ignore[arg-type]
+                observed_generation=1,
+            )
+        ],
+        replica_statuses=ReplicaStatuses(
+            master=ReplicaStatus(active=1, ready=1), worker=ReplicaStatus(active=3, ready=2)
+        ),
+        nodes_ready="3/4",
+        restart_count=2,
+        progress=ProgressStatus(step=420, total_steps=1000, percent=42, loss=1.93),
+        observed_generation=1,
+    )
+    body = {"status": status.model_dump(mode="json", by_alias=True, exclude_none=True)}
+    cluster.kubectl(
+        "patch",
+        "tj",
+        "printed",
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps(body),
+    )
+    stored = parse_training_job(trainingjobs.get(namespace, "printed")).status
+    assert stored == status
+
+    table = cluster.kubectl("get", "tj", "printed", "-n", namespace).stdout.splitlines()
+    assert table[0].split() == ["NAME", "PHASE", "NODES", "RESTARTS", "PROGRESS", "AGE"]
+    assert table[1].split()[:5] == ["printed", "Running", "3/4", "2", "42"]
+    listed = cluster.kubectl("get", "all", "-n", namespace, "-o", "name").stdout
+    assert "trainingjob.torchfleet.dev/printed" in listed  # category "all"
