@@ -46,6 +46,7 @@ def test_api_server_rejects_naming_the_field(
     rejection = trainingjobs.admit(validation_namespace, case.manifest())
     assert rejection is not None, f"{case.id}: the API server accepted it"
     assert rejection.names(case.field), rejection.message
+    assert case.says in rejection.message, rejection.message
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)

@@ -5,7 +5,7 @@ reject every case and name the same field."""
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from torchfleet_operator.api import API_VERSION, KIND
@@ -52,14 +52,15 @@ class Invalid:
     spec: Manifest
     field: str
     name: str = "tj-case"
-    extra: Manifest = field(default_factory=dict)
+    # Words both sides' messages must contain where the field alone is vague.
+    says: str = ""
 
     def manifest(self) -> Manifest:
         return job(self.name, self.spec)
 
 
-def _case(id: str, field: str, *parts: Manifest, name: str = "tj-case") -> Invalid:
-    return Invalid(id=id, spec=merge(*parts), field=field, name=name)
+def _case(id: str, field: str, *parts: Manifest, name: str = "tj-case", says: str = "") -> Invalid:
+    return Invalid(id=id, spec=merge(*parts), field=field, name=name, says=says)
 
 
 TWO_GPUS = nested("resources.gpus", 2)
@@ -226,15 +227,67 @@ INVALID: tuple[Invalid, ...] = (
         "spec.trainer.parallel",
         nested("trainer.parallel.dataParallelShard", 0),
     ),
-    _case("trainer-dim-heads", "spec.trainer.model", nested("trainer.model", {"dim": 100})),
+    _case(
+        "trainer-dim-heads",
+        "spec.trainer.model",
+        nested("trainer.model", {"dim": 100}),
+        says="divisible by heads",
+    ),
     _case("trainer-steps-zero", "spec.trainer.training.steps", nested("trainer.training.steps", 0)),
     _case(
         "trainer-precision-unknown",
         "spec.trainer.training.precision",
         nested("trainer.training.precision", "fp8"),
     ),
-    _case("trainer-char-without-path", "spec.trainer.data", nested("trainer.data.kind", "char")),
+    _case(
+        "trainer-char-without-path",
+        "spec.trainer.data",
+        nested("trainer.data.kind", "char"),
+        says="path",
+    ),
     _case("trainer-unknown-field", "spec.trainer.optimiser", nested("trainer.optimiser", {})),
+    _case(
+        "trainer-kv-heads-do-not-divide",
+        "spec.trainer.model",
+        nested("trainer.model", {"architecture": "llama", "heads": 6, "kvHeads": 4}),
+        says="kvHeads",
+    ),
+    _case(
+        "trainer-llama-odd-head-dim",
+        "spec.trainer.model",
+        nested("trainer.model", {"architecture": "llama", "heads": 8, "dim": 120}),
+        says="even head dimension",
+    ),
+    _case(
+        "trainer-batch-not-divisible",
+        "spec.trainer.training",
+        nested("trainer.training", {"globalBatchSize": 10, "gradAccumSteps": 4}),
+        says="gradAccumSteps",
+    ),
+    _case(
+        "trainer-seq-len-beyond-model",
+        "spec.trainer",
+        nested("trainer", {"data": {"seqLen": 512}, "model": {"maxSeqLen": 256}}),
+        says="model.maxSeqLen",
+    ),
+    _case(
+        "trainer-tensor-does-not-divide-heads",
+        "spec.trainer",
+        merge(
+            nested("worker.replicas", 3),
+            nested("trainer", {"model": {"heads": 6}, "parallel": {"tensor": 4}}),
+        ),
+        says="model.heads",
+    ),
+    _case(
+        "trainer-more-stages-than-layers",
+        "spec.trainer",
+        merge(
+            nested("worker.replicas", 3),
+            nested("trainer", {"model": {"layers": 2}, "parallel": {"pipeline": 4}}),
+        ),
+        says="exceed model.layers",
+    ),
     _case("name-too-long", "metadata.name", {}, name="j" * 49),
     _case("name-starts-with-digit", "metadata.name", {}, name="9lives"),
 )

@@ -27,6 +27,7 @@ def test_invalid_spec_is_rejected_naming_the_field(case: Invalid) -> None:
     with pytest.raises(InvalidSpecError) as caught:
         parse_training_job(case.manifest())
     assert case.field in str(caught.value), str(caught.value)
+    assert case.says in str(caught.value), str(caught.value)
     assert caught.value.field.startswith(case.field) or case.field.startswith(caught.value.field)
 
 
