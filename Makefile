@@ -12,7 +12,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: help
 help: ## list the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 # ---- set-up -----------------------------------------------------------------
 
@@ -29,6 +29,10 @@ venv: $(VENV)/.installed ## Python environment in .venv (all extras)
 .PHONY: deps
 deps: ## Debian packages the tests and demo use (installed only when missing)
 	dev/ensure-debian-packages.sh
+
+.PHONY: prometheus-build
+prometheus-build: ## Prometheus with Kubernetes SD from Go modules (Debian's 2.42 lacks it), cached
+	dev/prometheus/ensure.sh
 
 .PHONY: cluster-build
 cluster-build: ## build the control plane from Go modules (cached in ~/.cache/torchfleet)
@@ -64,7 +68,7 @@ typecheck: venv ## mypy over both packages
 	$(VENV)/bin/mypy
 
 .PHONY: test
-test: venv deps cluster-build lint typecheck verify ## everything: set-up, lint, types, every test tier
+test: venv deps cluster-build prometheus-build lint typecheck verify ## everything: set-up, lint, types, every test tier
 	$(PY) -m pytest tests
 
 .PHONY: test-unit
@@ -80,12 +84,22 @@ test-trainer: venv ## tier 3: multi-process torch.distributed on CPU
 	$(PY) -m pytest tests/trainer
 
 .PHONY: test-e2e
-test-e2e: venv deps cluster-build ## tier 4: training through the operator on this machine
+test-e2e: venv deps cluster-build prometheus-build ## tier 4: training through the operator on this machine
 	$(PY) -m pytest tests/e2e
 
 .PHONY: test-gpu
 test-gpu: venv ## tier 5: GPU checks (skip without CUDA)
 	$(PY) -m pytest -m gpu tests
+
+# ---- the main job -------------------------------------------------------------
+
+.PHONY: demo
+demo: venv deps cluster-build prometheus-build cluster-up ## train a TrainingJob end to end on the local cluster
+	$(PY) dev/demo.py
+
+.PHONY: demo-down
+demo-down: ## stop what the demo left running (agent, operator, Prometheus)
+	$(PY) dev/demo.py down
 
 # ---- benchmarks ---------------------------------------------------------------
 
