@@ -327,10 +327,10 @@ class CheckpointSpec(ApiModel):
     """Where checkpoints live and how often they are written."""
 
     claim_name: DnsSubdomain | None = Field(
-        None, description="An existing PersistentVolumeClaim to mount."
+        None, description="An existing PersistentVolumeClaim to mount (or set claimTemplate)."
     )
     claim_template: ClaimTemplate | None = Field(
-        None, description="A claim the operator creates and owns."
+        None, description="A claim the operator creates and owns (or set claimName)."
     )
     mount_path: Annotated[
         str, StringConstraints(max_length=1024, pattern=r"^(/[A-Za-z0-9._-]+)+$")
