@@ -124,13 +124,13 @@ operator makes (operator/torchfleet_operator/handlers.py and kube.py):
 {{- end }}
 
 {{/*
-Cluster-scoped reads, needed in both modes:
+Cluster-scoped reads:
 - nodes: the operator watches them to notice a NotReady node losing its pods.
 - customresourcedefinitions: kopf watches them to follow the TrainingJob
   resource appearing or going away (discovery itself needs no grant).
-No namespaces access: cluster-wide, kopf never lists namespaces; namespaced,
-it lists them only to expand glob patterns and, refused, falls back to the
-exact names this chart passes.
+- namespaces, namespaced mode only: kopf lists and watches them to resolve its
+  --namespace list. Refused, it retries for about half a minute, logging
+  errors, before it starts watching at all. Cluster-wide it never lists them.
 */}}
 {{- define "torchfleet.rbac.clusterRules" -}}
 - apiGroups: [""]
@@ -139,6 +139,11 @@ exact names this chart passes.
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]
+{{- if .Values.operator.watchNamespaces }}
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["list", "watch"]
+{{- end }}
 {{- end }}
 
 {{/*

@@ -1,0 +1,81 @@
+"""`helm install` into the real cluster, the first job from NOTES.txt, and a
+`helm uninstall` that leaves no operator object behind (the CRD stays)."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+import time
+from typing import Any
+
+import pytest
+
+from tests.fixtures.helm import Helm
+
+pytestmark = pytest.mark.cluster
+
+CRD_NAME = "trainingjobs.torchfleet.dev"
+CRD = f"customresourcedefinition/{CRD_NAME}"
+NAMESPACED_KINDS = (
+    "deployments,replicasets,pods,services,serviceaccounts,configmaps,roles,rolebindings"
+)
+CLUSTER_KINDS = "clusterroles,clusterrolebindings"
+
+
+def first_job_from_notes(notes: str) -> str:
+    """The TrainingJob manifest NOTES.txt tells the user to apply."""
+    match = re.search(r"cat <<'YAML' \| kubectl -n (\S+) apply -f -\n(.*?)\n\s*YAML\n", notes, re.S)
+    assert match, f"NOTES.txt has no first job:\n{notes}"
+    return textwrap.dedent(match[2])
+
+
+def release_objects(cluster: Any, kinds: str, release: str, namespace: str | None) -> list[str]:
+    where = ["-n", namespace] if namespace else []
+    out = cluster.kubectl(
+        "get", kinds, *where, "-l", f"app.kubernetes.io/instance={release}", "-o", "name"
+    )
+    return out.stdout.split()
+
+
+def test_install_serves_the_first_job_and_uninstall_leaves_only_the_crd(
+    cluster: Any, helm: Helm, helm_release: Any, namespace: str, operator_crd: None
+) -> None:
+    release = helm_release(namespace, {"operator.watchNamespaces": [namespace]})
+    notes = release.install_output
+    assert f"rollout status deployment/{release.fullname}-operator" in notes
+
+    # Every object the chart renders was admitted by the apiserver.
+    namespaced = release_objects(cluster, NAMESPACED_KINDS, release.name, namespace)
+    for expected in (
+        f"deployment.apps/{release.fullname}-operator",
+        f"service/{release.fullname}-metrics",
+        f"serviceaccount/{release.fullname}",
+        f"role.rbac.authorization.k8s.io/{release.fullname}-operator",
+        f"rolebinding.rbac.authorization.k8s.io/{release.fullname}-operator",
+    ):
+        assert expected in namespaced, (expected, namespaced)
+    assert release_objects(cluster, CLUSTER_KINDS, release.name, None) == [
+        f"clusterrole.rbac.authorization.k8s.io/{release.fullname}-operator",
+        f"clusterrolebinding.rbac.authorization.k8s.io/{release.fullname}-operator",
+    ]
+
+    # The first job NOTES.txt gives is one the CRD accepts as written.
+    manifest = first_job_from_notes(notes)
+    applied = cluster.kubectl(
+        "apply", "--dry-run=server", "-n", namespace, "-f", "-", input=manifest
+    )
+    assert "trainingjob.torchfleet.dev/hello-ddp created (server dry run)" in applied.stdout
+
+    helm.run(
+        "uninstall", release.name, "--namespace", namespace, "--wait", kubeconfig=cluster.kubeconfig
+    )
+    assert release_objects(cluster, CLUSTER_KINDS, release.name, None) == []
+    # The garbage collector removes the ReplicaSet and pod after the Deployment.
+    deadline = time.monotonic() + 60
+    while (left := release_objects(cluster, NAMESPACED_KINDS, release.name, namespace)) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.5)
+    assert left == []
+    # Helm never deletes what it installed from crds/: user jobs survive.
+    assert cluster.kubectl("get", CRD, "-o", "name").stdout.strip().endswith(CRD_NAME)

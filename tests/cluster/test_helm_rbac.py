@@ -1,0 +1,136 @@
+"""RBAC proof: the operator runs with nothing but the chart's ServiceAccount
+(a token from the TokenRequest API) and still takes a job through its whole
+lifecycle; `kubectl auth can-i` shows what that account cannot do."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fixtures.helm import Release
+
+pytestmark = pytest.mark.cluster
+
+# How the apiserver words an RBAC denial: `pods is forbidden: User "..." cannot list ...`.
+RBAC_REFUSAL = re.compile(r'is forbidden: User "[^"]+" cannot [^\n]*')
+
+ON_FAKE_NODES = {"spec": {"nodeSelector": {"torchfleet.dev/fake-node": "true"}}}
+JOB_SPEC = {
+    "command": ["python", "train.py"],
+    "master": {"template": ON_FAKE_NODES},
+    "worker": {"replicas": 1, "template": ON_FAKE_NODES},
+    # Deleting the finished job exercises the delete grant too.
+    "runPolicy": {"ttlSecondsAfterFinished": 2},
+}
+
+
+def service_account_kubeconfig(cluster: Any, release: Release, path: Path) -> str:
+    """A kubeconfig that authenticates as the release's ServiceAccount only."""
+    token = cluster.kubectl(
+        "create", "token", release.fullname, "-n", release.namespace, "--duration=1h"
+    ).stdout.strip()
+    admin = json.loads(Path(cluster.kubeconfig).read_text())
+    context = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])
+    server = next(c for c in admin["clusters"] if c["name"] == context["context"]["cluster"])
+    user = f"system:serviceaccount:{release.namespace}:{release.fullname}"
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [server],
+                "users": [{"name": user, "user": {"token": token}}],
+                "contexts": [
+                    {"name": "operator", "context": {"cluster": server["name"], "user": user}}
+                ],
+                "current-context": "operator",
+            }
+        )
+    )
+    return str(path)
+
+
+def can_i(cluster: Any, kubeconfig: str, *question: str) -> bool:
+    out = cluster.kubectl(f"--kubeconfig={kubeconfig}", "auth", "can-i", *question, check=False)
+    assert out.stdout.strip() in {"yes", "no"}, out.stdout + out.stderr
+    return out.stdout.strip() == "yes"
+
+
+@pytest.mark.parametrize("mode", ["namespaced", "cluster-wide"])
+def test_operator_with_only_the_charts_service_account_runs_a_job_lifecycle(
+    mode: str,
+    cluster: Any,
+    helm_release: Any,
+    make_namespace: Any,
+    operator_factory: Any,
+    job_driver: Any,
+    tmp_path: Path,
+) -> None:
+    system, watched, other = (make_namespace(p) for p in ("tf-system", "team", "other"))
+    values = {"operator.watchNamespaces": [watched]} if mode == "namespaced" else {}
+    release = helm_release(system, values)
+    kubeconfig = service_account_kubeconfig(cluster, release, tmp_path / "operator.kubeconfig")
+
+    # What the account may and may not do, as the apiserver's authorizer says.
+    question: tuple[str, ...]
+    for question in (
+        ("create", "pods", "-n", watched),
+        ("delete", "pods", "-n", watched),
+        ("watch", "trainingjobs.torchfleet.dev", "-n", watched),
+        ("patch", "trainingjobs.torchfleet.dev", "--subresource=status", "-n", watched),
+        ("delete", "trainingjobs.torchfleet.dev", "-n", watched),
+        ("create", "events", "-n", watched),
+        ("watch", "nodes"),
+    ):
+        assert can_i(cluster, kubeconfig, *question), question
+    for question in (
+        ("get", "secrets", "-n", watched),
+        ("list", "secrets", "-n", system),
+        ("create", "pods", "--subresource=exec", "-n", watched),
+        ("create", "pods", "--subresource=attach", "-n", watched),
+        ("patch", "trainingjobs.torchfleet.dev", "-n", watched),  # spec is the user's
+        ("create", "rolebindings.rbac.authorization.k8s.io", "-n", watched),
+        ("create", "clusterroles.rbac.authorization.k8s.io"),
+        ("impersonate", "serviceaccounts", "-n", watched),
+        ("delete", "namespaces"),
+        ("delete", "nodes"),
+    ):
+        assert not can_i(cluster, kubeconfig, *question), question
+    confined = mode == "namespaced"
+    for question in (
+        ("create", "pods", "-n", other),
+        ("list", "pods", "-n", other),
+        ("list", "trainingjobs.torchfleet.dev", "-n", other),
+        ("list", "pods", "--all-namespaces"),
+    ):
+        assert can_i(cluster, kubeconfig, *question) is not confined, question
+
+    namespaces = [watched] if confined else []
+    operator = operator_factory(kubeconfig=kubeconfig, namespaces=namespaces)
+    job_driver.create(other, "elsewhere", JOB_SPEC)
+    job_driver.create(watched, "llm", JOB_SPEC)
+
+    job_driver.wait_running_pods(watched, "llm", 2)
+    job_driver.wait_phase(watched, "llm", "Running")
+    job_driver.succeed_pod(watched, "llm-master-0")
+    job_driver.wait_phase(watched, "llm", "Succeeded")
+    assert {"GangRunning"} <= {e["reason"] for e in job_driver.events(watched, "llm")}
+    # This operator's own counters, so that the work is not another operator's
+    # on the same cluster: it created the gang, and it knows the jobs it may.
+    assert operator.metric("torchfleet_operator_pods_created_total") >= 2
+    known_jobs = operator.metric("torchfleet_operator_jobs")
+    if confined:
+        assert operator.metric("torchfleet_operator_pods_created_total") == 2
+        assert known_jobs == 1  # "elsewhere" is invisible to it
+    else:
+        assert known_jobs >= 2
+    job_driver.wait_for("TTL deletion", lambda: job_driver.get(watched, "llm") is None, timeout=30)
+
+    # The authorizer refused not one call, the operator's or kopf's. (A 403
+    # for a namespace being deleted, from other tests, is not a refusal.)
+    refusals = RBAC_REFUSAL.findall(operator.logs(last=100_000))
+    assert not refusals, refusals
