@@ -9,8 +9,9 @@ import time
 from typing import Any
 
 import pytest
+import yaml
 
-from tests.fixtures.helm import Helm
+from tests.fixtures.helm import CI_VALUES, Helm
 
 pytestmark = pytest.mark.cluster
 
@@ -37,9 +38,63 @@ def release_objects(cluster: Any, kinds: str, release: str, namespace: str | Non
     return out.stdout.split()
 
 
+def wait_for_operator_pod(cluster: Any, namespace: str, release: str) -> dict[str, Any]:
+    """The pod the Deployment's ReplicaSet creates; fails with the ReplicaSet's
+    events when admission (e.g. Pod Security) refused it."""
+    selector = f"app.kubernetes.io/instance={release},app.kubernetes.io/component=operator"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        pods = cluster.get_json("pods", "-n", namespace, "-l", selector)["items"]
+        if pods:
+            return dict(pods[0])
+        time.sleep(0.5)
+    events = cluster.kubectl("get", "events", "-n", namespace, "-o", "name").stdout
+    refused = cluster.kubectl(
+        "get", "events", "-n", namespace, "--field-selector", "reason=FailedCreate", "-o", "json"
+    ).stdout
+    raise AssertionError(f"no operator pod after 60s; events: {events}\n{refused}")
+
+
+@pytest.mark.parametrize(
+    "values_file",
+    [None, *sorted(CI_VALUES.glob("*.yaml"))],
+    ids=lambda p: p.name if p else "default",
+)
+def test_every_rendered_object_passes_strict_server_validation(
+    cluster: Any, helm: Helm, namespace: str, values_file: Any
+) -> None:
+    # Unknown or misplaced fields fail here, which a client-side render hides.
+    # Watched namespaces must exist for their Roles; Prometheus Operator kinds
+    # are left out (this cluster has no such CRDs).
+    objects = helm.template(
+        [values_file] if values_file else [],
+        set_values={"operator.watchNamespaces": [namespace]},
+        namespace=namespace,
+    )
+    objects = [o for o in objects if not o["apiVersion"].startswith("monitoring.coreos.com/")]
+    for obj in objects:
+        if obj["kind"] == "ConfigMap":  # the dashboard's namespace is Grafana's
+            obj["metadata"]["namespace"] = namespace
+    out = cluster.kubectl(
+        "apply",
+        "--dry-run=server",
+        "--validate=strict",
+        "-f",
+        "-",
+        input=yaml.safe_dump_all(objects),
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("(server dry run)") == len(objects), out.stdout
+
+
 def test_install_serves_the_first_job_and_uninstall_leaves_only_the_crd(
     cluster: Any, helm: Helm, helm_release: Any, namespace: str, operator_crd: None
 ) -> None:
+    # The operator pod must pass the "restricted" Pod Security Standard.
+    cluster.kubectl(
+        "label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted"
+    )
     release = helm_release(namespace, {"operator.watchNamespaces": [namespace]})
     notes = release.install_output
     assert f"rollout status deployment/{release.fullname}-operator" in notes
@@ -58,6 +113,9 @@ def test_install_serves_the_first_job_and_uninstall_leaves_only_the_crd(
         f"clusterrole.rbac.authorization.k8s.io/{release.fullname}-operator",
         f"clusterrolebinding.rbac.authorization.k8s.io/{release.fullname}-operator",
     ]
+
+    pod = wait_for_operator_pod(cluster, namespace, release.name)
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
 
     # The first job NOTES.txt gives is one the CRD accepts as written.
     manifest = first_job_from_notes(notes)
