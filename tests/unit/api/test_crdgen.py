@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,8 +18,13 @@ from torchfleet_operator.api.base import ApiModel, Rule
 REPO = Path(__file__).resolve().parents[3]
 
 
-def _crd() -> dict[str, Any]:
+@functools.cache
+def _generated() -> dict[str, Any]:
     return crdgen.crd()
+
+
+def _crd() -> dict[str, Any]:
+    return copy.deepcopy(_generated())
 
 
 def _schema() -> dict[str, Any]:
