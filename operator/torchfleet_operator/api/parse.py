@@ -45,11 +45,21 @@ def _problems(error: ValidationError, prefix: str) -> list[tuple[str, str]]:
     return problems
 
 
+def _plain(value: Any) -> Any:
+    """Plain dicts and lists all the way down: the models validate strictly, like
+    the API server, and a client's mapping views (kopf's Body) are not dicts."""
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    return value
+
+
 def parse_training_job(raw: Mapping[str, Any]) -> TrainingJob:
     """A TrainingJob (as read from the API server) as models with every default
     applied; raises :class:`InvalidSpecError` naming the offending fields."""
     try:
-        return TrainingJob.model_validate(dict(raw))
+        return TrainingJob.model_validate(_plain(raw))
     except ValidationError as error:
         raise InvalidSpecError(_problems(error, "")) from None
 
@@ -57,7 +67,7 @@ def parse_training_job(raw: Mapping[str, Any]) -> TrainingJob:
 def parse_spec(raw: Mapping[str, Any]) -> TrainingJobSpec:
     """Only ``spec``, for callers that hold it alone; paths start with ``spec``."""
     try:
-        return TrainingJobSpec.model_validate(dict(raw))
+        return TrainingJobSpec.model_validate(_plain(raw))
     except ValidationError as error:
         raise InvalidSpecError(_problems(error, "spec")) from None
 

@@ -191,9 +191,12 @@ _NCCL_VARIABLE_OF_FIELD = {
 _RDMA_FIELDS = ("ibHCAs", "gidIndex", "gpuDirectRDMALevel", "rdmaResources")
 
 
-def _wire_value(model: BaseModel, field: str) -> Any:
+def _wire_value(model: BaseModel, wire_name: str) -> Any:
     """A field's value looked up by its camelCase (wire) name."""
-    return model.model_dump(by_alias=True).get(field)
+    for name, info in type(model).model_fields.items():
+        if (info.alias or name) == wire_name:
+            return getattr(model, name)
+    raise KeyError(wire_name)
 
 
 def _nccl_env_leaves_alone(field: str, variable: str) -> Rule:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -37,6 +39,28 @@ def test_every_problem_is_listed_with_its_path() -> None:
         parse_training_job(job(spec=spec))
     paths = [path for path, _ in caught.value.problems]
     assert paths == ["spec.master.replicas", "spec.worker.replicas", "spec.suspend"]
+
+
+class _MappingView(Mapping[str, Any]):
+    """Like a client's read-only view of an object (kopf's Body): not a dict."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self._data = data
+
+    def __getitem__(self, key: str) -> Any:
+        value = self._data[key]
+        return _MappingView(value) if isinstance(value, dict) else value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+def test_mapping_views_parse_like_dicts() -> None:
+    raw = job(spec={"worker": {"replicas": 2}, "command": ["torchrun", "x.py"]})
+    assert parse_training_job(_MappingView(raw)) == parse_training_job(raw)
 
 
 def test_parse_spec_prefixes_paths_with_spec() -> None:
