@@ -68,6 +68,7 @@ def kubeconfig_for_run() -> str:
     )
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
+    sys.modules["localcluster"] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     cluster = module.LocalCluster()
     if not cluster.healthy():
@@ -322,7 +323,8 @@ def summary(
 
 
 def delete_namespace(kubectl: Any, namespace: str) -> None:
-    kubectl("delete", "namespace", namespace, "--wait=false")
+    """Waits until it is gone: its pods' deletion must not load the next run."""
+    kubectl("delete", "namespace", namespace, "--timeout=600s")
 
 
 def main() -> int:

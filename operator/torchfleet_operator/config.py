@@ -53,5 +53,6 @@ class OperatorConfig:
             try:
                 values[field.name] = kind(raw)
             except ValueError:
-                raise ValueError(f"{name} must be a {kind.__name__}, got {raw!r}") from None
+                expected = "an integer" if kind is int else "a number"
+                raise ValueError(f"{name} must be {expected}, got {raw!r}") from None
         return cls(**values)  # type: ignore[arg-type]

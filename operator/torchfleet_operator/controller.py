@@ -22,7 +22,7 @@ from torchfleet_operator.config import OperatorConfig
 from torchfleet_operator.kube import Executor
 from torchfleet_operator.observed import Observed, ObservedNode, ObservedPod
 from torchfleet_operator.progress import ProgressPoller
-from torchfleet_operator.reconcile import plan, with_rejections
+from torchfleet_operator.reconcile import CONDITION_CHILDREN, keep_condition, plan, with_rejections
 from torchfleet_operator.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,7 @@ class Snapshot:
 class _Expectations:
     created: dict[str, float] = field(default_factory=dict)  # pod name -> deadline
     deleted: dict[str, float] = field(default_factory=dict)  # pod uid -> deadline
+    held: dict[str, float] = field(default_factory=dict)  # refused child name -> retry time
 
 
 def _first(collection: Iterable[Any] | None) -> Any:
@@ -159,14 +160,18 @@ class Controller:
         body = _first(self.caches.jobs.get(key))
         if body is None:
             return None
-        pods: tuple[ObservedPod, ...] = tuple(self.caches.pods.get(key) or ())
+        uid = body["metadata"].get("uid", "")
+        # A job deleted and re-created under the same name: the old one's pods
+        # (still being garbage-collected) are not this job's.
+        pods: tuple[ObservedPod, ...] = tuple(
+            p for p in self.caches.pods.get(key) or () if p.owner_uid in (uid, None)
+        )
         not_ready = {}
         for node_name in {p.node_name for p in pods if p.node_name}:
             node: ObservedNode | None = _first(self.caches.nodes.get(node_name))
             if node is not None and not node.ready:
                 not_ready[node_name] = node.since
         expected = self._prune_expectations(key, pods)
-        uid = body["metadata"].get("uid", "")
         progress, checkpoint_step = self.progress.latest.get(key, (None, None))
         observed = Observed(
             pods=pods,
@@ -176,6 +181,7 @@ class Controller:
             has_pod_group=uid in self._pod_groups,
             expected_created=frozenset(expected.created),
             expected_deleted=frozenset(expected.deleted),
+            held=frozenset(expected.held),
             progress=progress,
             checkpoint_step=checkpoint_step,
         )
@@ -190,6 +196,7 @@ class Controller:
             n: t for n, t in expected.created.items() if n not in seen_names and t > now
         }
         expected.deleted = {u: t for u, t in expected.deleted.items() if u in seen_uids and t > now}
+        expected.held = {n: t for n, t in expected.held.items() if t > now}
         return expected
 
     # ---- one pass (in a worker thread) ----
@@ -210,8 +217,7 @@ class Controller:
         now = datetime.now(UTC)
         decided = plan(body, snapshot.observed, now, self.config, current, self.default_image)
         result = self.executor.execute(namespace, body, decided)
-        failed_names = {f.name for f in result.failures}
-        self._remember(key, decided, failed_names)
+        self._remember(key, decided, result.created_pods)
         for manifest in decided.create:
             failed = any(f.kind == manifest["kind"] for f in result.failures)
             if manifest["kind"] == "PodGroup" and not failed:
@@ -219,33 +225,52 @@ class Controller:
         rejected = [
             (f.kind, f.name, f.code, f.message) for f in result.failures if f.verb == "create"
         ]
-        status = with_rejections(decided.status, rejected, now)
+        held = self._expectations.setdefault(key, _Expectations()).held
+        if rejected or not held:
+            status = with_rejections(decided.status, rejected, now)
+        else:  # refused children wait for their back-off: the refusal still stands
+            status = keep_condition(decided.status, current, CONDITION_CHILDREN)
         delay = decided.requeue_after
+        if held:  # wake up when the first refused child may be retried
+            delay = _sooner(delay, max(0.0, min(held.values()) - time.monotonic()) + 0.05)
         if result.failures:
-            delay = _sooner(delay, self._api_backoff(key))
-        else:
+            backoff = self._api_backoff(key)
+            delay = _sooner(delay, backoff)
+            # Until then, events about this job do not retry what was refused.
+            for refused in result.failures:
+                held[refused.name] = time.monotonic() + backoff
+        elif not snapshot.observed.held:
+            # Only a pass that retried everything and succeeded resets the back-off.
             self._api_failures.pop(key, None)
         if result.job_deleted:
             return None
         if status != current:
-            failure = self.executor.write_status(namespace, name, status)
-            if failure is None:
+            if self.executor.write_status(namespace, name, status) is None:
                 self._last_status[uid] = status
                 if decided.gang_restart:
                     metrics.GANG_RESTARTS.labels(reason=decided.gang_restart).inc()
             else:
                 delay = _sooner(delay, self._api_backoff(key))
         self.phases.set(key, status.get("phase") or "Pending")
+        log.debug(
+            "%s/%s: %s, created %d, deleted %d, %d refused, next pass in %s",
+            namespace,
+            name,
+            status.get("phase"),
+            result.created,
+            result.deleted,
+            len(result.failures),
+            delay,
+        )
         return _sooner(delay, self.config.resync_seconds or None)
 
-    def _remember(self, key: JobKey, decided: Any, failed_names: set[str]) -> None:
+    def _remember(self, key: JobKey, decided: Any, created_pods: list[str]) -> None:
         """Records creates/deletes so the next pass does not redo them before the watch
         shows them (the job controller's 'expectations')."""
         expected = self._expectations.setdefault(key, _Expectations())
         deadline = time.monotonic() + EXPECTATION_SECONDS
-        for manifest in decided.create:
-            if manifest["kind"] == "Pod" and manifest["metadata"]["name"] not in failed_names:
-                expected.created[manifest["metadata"]["name"]] = deadline
+        for name in created_pods:
+            expected.created[name] = deadline
         for ref in decided.delete:
             if ref.uid:
                 expected.deleted[ref.uid] = deadline

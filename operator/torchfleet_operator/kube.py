@@ -57,6 +57,7 @@ class ApiFailure:
 @dataclass
 class ExecutionResult:
     created: int = 0
+    created_pods: list[str] = field(default_factory=list)  # names, 409s included
     deleted: int = 0
     job_deleted: bool = False
     failures: list[ApiFailure] = field(default_factory=list)
@@ -148,6 +149,11 @@ class Executor:
             created = self._fan_out(self._create, namespace, batch)
             result.created += created.count(None)
             result.failures.extend(f for f in created if f is not None)
+            result.created_pods += [
+                m["metadata"]["name"]
+                for m, f in zip(batch, created, strict=True)
+                if f is None and m["kind"] == "Pod"
+            ]
         for event in plan.events:
             self._post_event(namespace, job, event)
         if plan.delete_job:

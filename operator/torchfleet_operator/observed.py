@@ -48,6 +48,7 @@ class ObservedPod:
     reason: str | None = None  # why it ended: container reason, Evicted, a disruption
     message: str | None = None
     disrupted: bool = False  # evicted, preempted or taken by a taint: not the code's fault
+    owner_uid: str | None = None  # the TrainingJob that controls it
 
     @property
     def finished(self) -> bool:
@@ -84,6 +85,14 @@ class ObservedPod:
             reason=reason,
             message=message,
             disrupted=status.get("reason") in (EVICTED, PREEMPTED) or disruption is not None,
+            owner_uid=next(
+                (
+                    ref.get("uid")
+                    for ref in meta.get("ownerReferences") or ()
+                    if ref.get("controller")
+                ),
+                None,
+            ),
         )
 
 
@@ -143,6 +152,8 @@ class Observed:
     # arrived yet (created: names, deleted: uids): treated as present / absent.
     expected_created: frozenset[str] = frozenset()
     expected_deleted: frozenset[str] = frozenset()  # uids
+    # Children the apiserver refused recently: not retried before their back-off.
+    held: frozenset[str] = frozenset()
     # The trainer's latest figures from the master's /metrics (status.progress)
     # and the step of its newest complete checkpoint.
     progress: dict[str, Any] | None = None

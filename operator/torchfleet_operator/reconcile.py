@@ -316,6 +316,19 @@ def _failures(
             else:
                 step.plan.wake_in(step.config.node_lost_grace_seconds - waited)
     if _gang_was_complete(step, restart):
+        for pod in gang:
+            # Deleted by someone else (a person, an eviction, the taint manager)
+            # while the gang ran: it is lost, even before it is gone.
+            if pod.deleting and not pod.finished and pod.uid not in step.observed.expected_deleted:
+                found.append(
+                    Failure(
+                        pod.name,
+                        "PodDeleted",
+                        None,
+                        True,
+                        "the pod is being deleted while the gang was running",
+                    )
+                )
         present = {p.name for p in gang} | step.observed.expected_created
         for rank in range(spec.nodes):
             name = pod_name_for_rank(step.name, rank)
@@ -411,6 +424,7 @@ def _create_missing(
     step: _Pass, spec: TrainingJobSpec, gang: list[ObservedPod], restart: int, image: str
 ) -> None:
     observed = step.observed
+    plan_create = step.plan.create
     if not observed.has_service:
         step.plan.create.append(service.headless_service(step.name, step.namespace, step.uid))
     template = spec.checkpoint.claim_template if spec.checkpoint else None
@@ -422,9 +436,18 @@ def _create_missing(
     present = {p.name for p in gang} | observed.expected_created
     for rank in range(spec.nodes):
         if pod_name_for_rank(step.name, rank) not in present:
-            step.plan.create.append(
+            plan_create.append(
                 build_pod(step.name, step.namespace, step.uid, spec, rank, restart, image)
             )
+    # What the apiserver refused a moment ago waits for its back-off; pods also
+    # wait for a refused service, claim or PodGroup (they depend on it).
+    waiting = [m for m in plan_create if m["metadata"]["name"] in observed.held]
+    blocked = any(m["kind"] != "Pod" for m in waiting)
+    step.plan.create = [
+        m
+        for m in plan_create
+        if m["metadata"]["name"] not in observed.held and not (blocked and m["kind"] == "Pod")
+    ]
 
 
 def _phase_from_gang(step: _Pass, gang: list[ObservedPod], nodes: int) -> None:
@@ -480,3 +503,12 @@ def with_rejections(
         status.get("conditions"), CONDITION_CHILDREN, True, reason, text, stamp
     )
     return status
+
+
+def keep_condition(status: dict[str, Any], previous: dict[str, Any], type_: str) -> dict[str, Any]:
+    """``status`` with condition ``type_`` as it was in ``previous`` (or absent)."""
+    kept = cond.find(previous.get("conditions"), type_)
+    conditions = [c for c in status.get("conditions") or () if c.get("type") != type_]
+    if kept is not None:
+        conditions = sorted([*conditions, kept], key=lambda c: str(c.get("type")))
+    return {**status, "conditions": conditions}

@@ -192,33 +192,3 @@ def test_deleting_the_job_garbage_collects_its_children(shared_operator, job_dri
         ),
         timeout=60,
     )
-
-
-def test_pod_the_apiserver_refuses_shows_its_message_and_backs_off(
-    shared_operator, job_driver, namespace
-):
-    bad = {
-        "spec": {
-            "nodeSelector": {"torchfleet.dev/fake-node": "true"},
-            "containers": [{"name": "trainer", "imagePullPolicy": "Sometimes"}],
-        }
-    }
-    job_driver.create(namespace, "llm", spec(workers=1, master={"template": bad}))
-    rejected = job_driver.wait_for(
-        "the ChildrenRejected condition",
-        lambda: next(
-            (
-                c
-                for c in job_driver.status(namespace, "llm").get("conditions", [])
-                if c["type"] == "ChildrenRejected" and c["status"] == "True"
-            ),
-            None,
-        ),
-    )
-    assert "imagePullPolicy" in rejected["message"]
-    assert "llm-master-0" in rejected["message"]
-    errors = shared_operator.metric("torchfleet_operator_api_errors_total", resource="Pod")
-    time.sleep(3)
-    later = shared_operator.metric("torchfleet_operator_api_errors_total", resource="Pod")
-    # Back-off (0.5s doubling in tests): a handful of retries, not a hot loop.
-    assert errors >= 1 and later - errors <= 4

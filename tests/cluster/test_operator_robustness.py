@@ -29,38 +29,6 @@ def spec(workers: int = 2, template: dict[str, Any] | None = None, **extra: Any)
     }
 
 
-def names_and_gangs(pods: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    return sorted(
-        (p["metadata"]["name"], p["metadata"]["labels"]["torchfleet.dev/restart"]) for p in pods
-    )
-
-
-def test_operator_killed_while_creating_64_workers_recovers_exactly(
-    operator_factory, job_driver, namespace
-):
-    # One API call at a time, so the kill lands in the middle of the gang.
-    slow = operator_factory(env={"TORCHFLEET_OPERATOR_API_CONCURRENCY": "1"})
-    job_driver.create(namespace, "big", spec(workers=64))
-    job_driver.wait_for(
-        "the first pods", lambda: len(job_driver.pods(namespace, "big")) >= 5, interval=0.02
-    )
-    slow.kill()
-    before = {
-        p["metadata"]["name"]: p["metadata"]["uid"] for p in job_driver.pods(namespace, "big")
-    }
-    assert 5 <= len(before) < 65, "the kill must interrupt the creation"
-
-    operator_factory()
-    pods = job_driver.wait_running_pods(namespace, "big", 65, timeout=120)
-    assert job_driver.wait_phase(namespace, "big", "Running", timeout=60)["restartCount"] == 0
-    expected = {"big-master-0", *(f"big-worker-{i}" for i in range(64))}
-    assert {p["metadata"]["name"] for p in pods} == expected
-    assert len(job_driver.pods(namespace, "big")) == 65  # no duplicates, none extra
-    # Pods made before the crash were kept, not recreated.
-    survivors = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
-    assert all(survivors[name] == uid for name, uid in before.items())
-
-
 def test_jobs_in_two_namespaces_never_touch_each_others_pods(
     shared_operator, job_driver, cluster, namespace
 ):

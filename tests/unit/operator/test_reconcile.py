@@ -355,3 +355,26 @@ def test_scraped_progress_and_new_checkpoints_land_in_the_status():
         status=p.status,
     )
     assert same.status == p.status  # the checkpoint time is that of its first sighting
+
+
+def test_a_pod_being_deleted_by_someone_else_restarts_a_running_gang():
+    going = dataclasses.replace(pod("llm", 0), deleting=True)
+    p = plan(job(), observed(*gang(**{going.name: going})), at(0), CONFIG, status=running_status())
+    assert p.status["phase"] == "Restarting" and p.status["restartCount"] == 1
+    # ...but the operator's own deletions are not failures.
+    ours = observed(*gang(**{going.name: going}), expected_deleted=frozenset({going.uid}))
+    assert plan(job(), ours, at(0), CONFIG, status=running_status()).status["restartCount"] == 0
+
+
+def test_children_refused_a_moment_ago_wait_for_their_backoff():
+    seen = Observed(has_service=True, held=frozenset({"llm-master-0"}))
+    assert created_names(plan(job(), seen, at(0), CONFIG, status={})) == [
+        "llm-worker-0",
+        "llm-worker-1",
+    ]
+
+
+def test_pods_wait_while_their_pod_group_is_refused():
+    seen = Observed(has_service=True, held=frozenset({"llm"}))
+    p = plan(job(scheduling={"podGroup": "Volcano"}), seen, at(0), CONFIG, status={})
+    assert p.create == []
