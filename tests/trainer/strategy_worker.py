@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ def prepare(steps: list[dict[str, str]]) -> None:
 
 
 def run_entry(entry: dict[str, Any]) -> dict[str, Any] | None:
+    began = time.perf_counter()
     config = load_config(overrides=entry["overrides"], env={})
     if dist.get_rank() == 0 and entry.get("prepare"):
         prepare(entry["prepare"])
@@ -55,6 +57,7 @@ def run_entry(entry: dict[str, Any]) -> dict[str, Any] | None:
         "losses": {int(r["step"]): r["loss"] for r in result.history},
         "grad_norms": {int(r["step"]): r["grad_norm"] for r in result.history},
         "eval": result.eval_losses,
+        "seconds": time.perf_counter() - began,
     }
 
 

@@ -117,12 +117,29 @@ def make_optimizers(parts: list[nn.Module], config: TrainConfig) -> list[torch.o
     return optimizers
 
 
+def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """L2 norm of all gradients, whatever mesh each is sharded on.
+
+    Parameters TP does not touch are sharded on the DP mesh alone, the rest on
+    DP x TP; DTensor cannot combine those, so each mesh's norm is made whole
+    separately. Groups keep parameter order, identical on every rank.
+    """
+    by_mesh: dict[Any, list[torch.Tensor]] = {}
+    for grad in grads:
+        by_mesh.setdefault(grad.device_mesh if isinstance(grad, DTensor) else None, []).append(grad)
+    squares = []
+    for group in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm(group)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        squares.append(norm.float() ** 2)
+    return torch.stack(squares).sum().sqrt()
+
+
 def clip_grad_norm(model: ParallelModel, max_norm: float, runtime: Runtime) -> float:
     """Global gradient norm over every shard and pipeline stage; clips when max_norm > 0."""
     params = [p for p in model.parameters() if p.grad is not None]
-    norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-    if isinstance(norm, DTensor):
-        norm = norm.full_tensor()
+    norm = total_norm([p.grad for p in params if p.grad is not None])
     if runtime.dims is not None and runtime.dims.degrees.pp > 1:
         # Each pipeline rank holds different parameters: sum the squares.
         squared = norm**2
@@ -244,8 +261,14 @@ class Trainer:
                     group["lr"] = lr
                 opt.zero_grad(set_to_none=True)
             loss = torch.zeros((), device=self.runtime.device)
-            for _ in range(cfg.grad_accum_steps):
-                inputs, targets = self._batch("train", self.micro_batch)
+            # This rank's rows of the step's global batch, in accumulation chunks.
+            batch_inputs, batch_targets = self._batch("train", cfg.global_batch_size)
+            chunks = zip(
+                batch_inputs.chunk(cfg.grad_accum_steps),
+                batch_targets.chunk(cfg.grad_accum_steps),
+                strict=True,
+            )
+            for inputs, targets in chunks:
                 with self.autocast():
                     micro = self.model.forward_backward(inputs, targets, 1 / cfg.grad_accum_steps)
                 loss += micro / cfg.grad_accum_steps

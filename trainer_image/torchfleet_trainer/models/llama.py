@@ -36,7 +36,7 @@ class LlamaBlock(nn.Module):
         self.feed_forward = SwiGLU(dim, config.ffn_hidden or swiglu_hidden(dim))
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), rope)
+        x = x + self.attention(self.attention_norm(x), rope=rope)
         return x + self.feed_forward(self.ffn_norm(x))
 
 

@@ -1,0 +1,244 @@
+"""Every parallel layout trains exactly like one process, and checkpoints reshard.
+
+Real torch.distributed on CPU with gloo: one torchrun launch per world size
+runs many layouts back to back (see strategy_worker.py). The reference is the
+plain model trained in a single process with no parallelism applied. All runs
+are fp32 on the same global batches; equality is checked per step on the loss
+and on the global gradient norm, which also catches gradients scaled by the
+world size (AdamW alone would hide that).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.fixtures.trainer import run_plan
+
+pytestmark = pytest.mark.trainer
+
+STEPS = 5
+SAVED_STEP = 2
+# fp32 with different reduction orders: observed differences are ~1e-6 on
+# losses near 3.5; a wrong gradient changes them by >1e-3 within two steps.
+LOSS_TOL = 2e-5
+GRAD_NORM_REL_TOL = 1e-4
+
+
+def learnable_tokens(path: Path) -> Path:
+    """A .bin token file with structure to learn (a noisy affine chain mod 64)."""
+    rng = np.random.default_rng(0)
+    tokens = np.empty(40_000, dtype=np.uint16)
+    tokens[0] = 1
+    noise = rng.integers(0, 3, size=len(tokens))
+    for i in range(1, len(tokens)):
+        tokens[i] = (5 * int(tokens[i - 1]) + 7 + int(noise[i])) % 64
+    tokens.tofile(path)
+    return path
+
+
+def base(data: Path, arch: str = "llama") -> list[str]:
+    shape = ["model.kvHeads=2"] if arch == "llama" else ["model.bias=true"]
+    return [
+        f"model.architecture={arch}",
+        "model.layers=4",
+        "model.dim=64",
+        "model.heads=4",
+        *shape,
+        "model.maxSeqLen=16",
+        "model.vocabSize=64",
+        "data.kind=tokens",
+        f"data.path={data}",
+        "data.seqLen=16",
+        f"training.steps={STEPS}",
+        "training.globalBatchSize=8",
+        "training.evalInterval=0",
+        "optimizer.lr=0.01",
+        "optimizer.gradClip=1.0",
+        "schedule.warmupSteps=2",
+        f"schedule.decaySteps={STEPS}",
+        "checkpoint.enabled=false",
+        "metrics.enabled=false",
+        "metrics.jsonLogs=false",
+    ]
+
+
+def checkpointing(directory: Path) -> list[str]:
+    return [
+        "checkpoint.enabled=true",
+        f"checkpoint.dir={directory}",
+        f"checkpoint.interval={SAVED_STEP}",
+        "checkpoint.keepLast=5",
+    ]
+
+
+# name -> (architecture, overrides on top of base); all on 4 ranks.
+FOUR_RANK_LAYOUTS: dict[str, tuple[str, list[str]]] = {
+    "ddp": ("llama", ["parallel.dataParallelReplicate=4"]),
+    # dataParallelShard=-1 takes all 4 ranks; also saves the checkpoint others resume.
+    "fsdp_grad_accum": ("llama", ["training.gradAccumSteps=2"]),
+    "hsdp_2x2": ("llama", ["parallel.dataParallelReplicate=2"]),
+    "dp2_tp2_sp_activation_ckpt": (
+        "llama",
+        ["parallel.tensor=2", "training.activationCheckpointing=full"],
+    ),
+    "gpt_tp4_no_sp": ("gpt", ["parallel.tensor=4", "parallel.sequenceParallel=false"]),
+    "pp4_gpipe": ("llama", ["parallel.pipeline=4", "parallel.pipelineSchedule=gpipe"]),
+    "pp4_1f1b": ("llama", ["parallel.pipeline=4", "parallel.pipelineSchedule=1f1b"]),
+    "dp2_pp2_interleaved": (
+        "llama",
+        ["parallel.pipeline=2", "parallel.pipelineSchedule=interleaved_1f1b"],
+    ),
+    "tp2_pp2_grad_accum": (
+        "llama",
+        ["parallel.tensor=2", "parallel.pipeline=2", "training.gradAccumSteps=2"],
+    ),
+}
+EIGHT_RANK_LAYOUTS: dict[str, tuple[str, list[str]]] = {
+    "3d_2x2x2_1f1b": ("llama", ["parallel.tensor=2", "parallel.pipeline=2"]),
+}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("strategies")
+
+
+@pytest.fixture(scope="module")
+def data_file(workdir: Path) -> Path:
+    return learnable_tokens(workdir / "tokens.bin")
+
+
+@pytest.fixture(scope="module")
+def four_rank(workdir: Path, data_file: Path) -> dict[str, Any]:
+    plan: list[dict[str, Any]] = [
+        {"name": "reference_llama", "single": True, "overrides": base(data_file)},
+        {"name": "reference_gpt", "single": True, "overrides": base(data_file, "gpt")},
+    ]
+    for name, (arch, extra) in FOUR_RANK_LAYOUTS.items():
+        overrides = base(data_file, arch) + extra
+        if name == "fsdp_grad_accum":
+            overrides += checkpointing(workdir / "fsdp4")
+        plan.append({"name": name, "overrides": overrides})
+    return run_plan(4, plan, workdir)
+
+
+@pytest.fixture(scope="module")
+def eight_rank(workdir: Path, data_file: Path, four_rank: dict[str, Any]) -> dict[str, Any]:
+    plan: list[dict[str, Any]] = [
+        {"name": name, "overrides": base(data_file, arch) + extra}
+        for name, (arch, extra) in EIGHT_RANK_LAYOUTS.items()
+    ]
+    saved = workdir / "fsdp4" / f"step-{SAVED_STEP:08d}"
+    resume_dir = workdir / "fsdp4_to_3d"
+    plan.append(
+        {
+            "name": "resume_fsdp4_as_3d",
+            "prepare": [{"op": "copytree", "src": str(saved), "dst": str(resume_dir / saved.name)}],
+            "overrides": [
+                *base(data_file),
+                "parallel.tensor=2",
+                "parallel.pipeline=2",
+                *checkpointing(resume_dir),
+            ],
+        }
+    )
+    return run_plan(8, plan, workdir)
+
+
+@pytest.fixture(scope="module")
+def two_rank(workdir: Path, data_file: Path, four_rank: dict[str, Any]) -> dict[str, Any]:
+    source = workdir / "fsdp4"
+    saved, killed = f"step-{SAVED_STEP:08d}", f"step-{STEPS:08d}"
+    partial_dir, unmarked_dir = workdir / "partial_case", workdir / "unmarked_case"
+
+    def copy_both(dst: Path) -> list[dict[str, str]]:
+        return [
+            {"op": "copytree", "src": str(source / name), "dst": str(dst / name)}
+            for name in (saved, killed)
+        ]
+
+    plan = [
+        {
+            # A save killed before its marker leaves step-N.partial without COMPLETE.
+            "name": "resume_fsdp4_as_tp2_skipping_partial",
+            "prepare": [
+                *copy_both(partial_dir),
+                {
+                    "op": "unmark",
+                    "src": str(partial_dir / killed),
+                    "dst": str(partial_dir / f"{killed}.partial"),
+                },
+            ],
+            "overrides": [*base(data_file), "parallel.tensor=2", *checkpointing(partial_dir)],
+        },
+        {
+            # Even under its final name, a directory without the marker is not loaded.
+            "name": "resume_fsdp4_as_pp2_skipping_unmarked",
+            "prepare": [
+                *copy_both(unmarked_dir),
+                {"op": "unmark", "src": str(unmarked_dir / killed)},
+            ],
+            "overrides": [
+                *base(data_file),
+                "parallel.pipeline=2",
+                "parallel.pipelineSchedule=gpipe",
+                *checkpointing(unmarked_dir),
+            ],
+        },
+    ]
+    return run_plan(2, plan, workdir)
+
+
+def assert_same_steps(run: dict[str, Any], reference: dict[str, Any], steps: range) -> None:
+    for step in steps:
+        key = str(step)
+        loss, expected = run["losses"][key], reference["losses"][key]
+        assert abs(loss - expected) <= LOSS_TOL, f"step {step}: loss {loss} != {expected}"
+        norm, expected_norm = run["grad_norms"][key], reference["grad_norms"][key]
+        assert math.isclose(norm, expected_norm, rel_tol=GRAD_NORM_REL_TOL), (
+            f"step {step}: grad norm {norm} != {expected_norm}"
+        )
+
+
+def test_reference_learns(four_rank: dict[str, Any]) -> None:
+    losses = four_rank["reference_llama"]["losses"]
+    assert losses[str(STEPS)] < losses["1"] - 0.3, losses
+
+
+@pytest.mark.parametrize("name", sorted(FOUR_RANK_LAYOUTS))
+def test_four_rank_layout_matches_single_process(four_rank: dict[str, Any], name: str) -> None:
+    arch = FOUR_RANK_LAYOUTS[name][0]
+    assert_same_steps(four_rank[name], four_rank[f"reference_{arch}"], range(1, STEPS + 1))
+
+
+@pytest.mark.parametrize("name", sorted(EIGHT_RANK_LAYOUTS))
+def test_eight_rank_3d_matches_single_process(
+    four_rank: dict[str, Any], eight_rank: dict[str, Any], name: str
+) -> None:
+    arch = EIGHT_RANK_LAYOUTS[name][0]
+    assert_same_steps(eight_rank[name], four_rank[f"reference_{arch}"], range(1, STEPS + 1))
+
+
+def test_fsdp_checkpoint_resumes_as_3d_on_eight_ranks(
+    four_rank: dict[str, Any], eight_rank: dict[str, Any]
+) -> None:
+    resumed = eight_rank["resume_fsdp4_as_3d"]
+    assert resumed["start_step"] == SAVED_STEP
+    assert sorted(map(int, resumed["losses"])) == list(range(SAVED_STEP + 1, STEPS + 1))
+    assert_same_steps(resumed, four_rank["reference_llama"], range(SAVED_STEP + 1, STEPS + 1))
+
+
+@pytest.mark.parametrize(
+    "name", ["resume_fsdp4_as_tp2_skipping_partial", "resume_fsdp4_as_pp2_skipping_unmarked"]
+)
+def test_resume_on_two_ranks_skips_unfinished_save(
+    four_rank: dict[str, Any], two_rank: dict[str, Any], name: str
+) -> None:
+    resumed = two_rank[name]
+    assert resumed["start_step"] == SAVED_STEP, "loaded a checkpoint without its marker"
+    assert_same_steps(resumed, four_rank["reference_llama"], range(SAVED_STEP + 1, STEPS + 1))
