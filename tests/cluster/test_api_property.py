@@ -138,7 +138,8 @@ SPEC = openapi_schema()["properties"]["spec"]
 SECTIONS = ("resources", "master", "worker", "network", "checkpoint", "runPolicy", "scheduling")
 NAMES = mostly(st.sampled_from(["tj-a", "job-42", "a"]), st.sampled_from(["9lives", "x" * 49]))
 
-# Small shapes and degrees, so products land on the world size now and then.
+# Small shapes, degrees and batches, so that products land on the world size
+# (and batches split over the ranks) about half the time.
 WORLD_SIZE_SPECS = st.fixed_dictionaries(
     {
         "processesPerNode": st.sampled_from(["auto", "gpu", 1, 2, 4]),
@@ -146,6 +147,14 @@ WORLD_SIZE_SPECS = st.fixed_dictionaries(
         "worker": st.fixed_dictionaries({"replicas": st.integers(0, 3)}),
         "trainer": st.fixed_dictionaries(
             {
+                "data": st.fixed_dictionaries({}, optional={"seqLen": st.sampled_from([128, 129])}),
+                "training": st.fixed_dictionaries(
+                    {},
+                    optional={
+                        "globalBatchSize": st.sampled_from([8, 12, 16, 64]),
+                        "gradAccumSteps": st.sampled_from([1, 2, 4]),
+                    },
+                ),
                 "parallel": st.fixed_dictionaries(
                     {},
                     optional={
@@ -153,8 +162,11 @@ WORLD_SIZE_SPECS = st.fixed_dictionaries(
                         "dataParallelShard": st.integers(-1, 4),
                         "tensor": st.sampled_from([1, 2]),
                         "pipeline": st.sampled_from([1, 2]),
+                        "pipelineSchedule": st.sampled_from(["1f1b", "interleaved_1f1b"]),
+                        "pipelineMicrobatches": st.sampled_from([1, 2, 3]),
+                        "sequenceParallel": st.booleans(),
                     },
-                )
+                ),
             }
         ),
     }

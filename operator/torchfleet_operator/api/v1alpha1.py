@@ -36,8 +36,8 @@ from torchfleet_operator.api.base import (
     section,
     unique_list,
 )
-from torchfleet_operator.api.trainer_rules import or_default
-from torchfleet_trainer.config import ParallelConfig, TrainConfig
+from torchfleet_operator.api.world import world_size_rules
+from torchfleet_trainer.config import TrainConfig
 
 # ---- pod templates ----------------------------------------------------------------------
 
@@ -521,46 +521,6 @@ IMMUTABLE_WHILE_RUNNING = (
     "args",
 )
 
-_GPUS = "(self.resources.gpus > 0 ? self.resources.gpus : 1)"
-_PROCS = f"(type(self.processesPerNode) == int ? self.processesPerNode : {_GPUS})"
-_WORLD = f"((1 + self.worker.replicas) * {_PROCS})"
-_PARALLEL = "self.trainer.?parallel"
-_FIXED = "({} * {} * {})".format(
-    *(
-        or_default(_PARALLEL, ParallelConfig, name)
-        for name in ("data_parallel_replicate", "tensor", "pipeline")
-    )
-)
-_SHARD = or_default(_PARALLEL, ParallelConfig, "data_parallel_shard")
-# format(), not '+': the cost estimator prices string concatenation as unbounded.
-_DEGREES_MESSAGE = (
-    "'trainer.parallel: dataParallelReplicate x tensor x pipeline = %d%s the world size %d "
-    f"(nodes x processesPerNode)'.format([{_FIXED}, {_SHARD} == -1 ? ' does not divide' : "
-    f"' x dataParallelShard %d does not equal'.format([{_SHARD}]), {_WORLD}])"
-)
-
-
-def _degrees_message(spec: TrainingJobSpec) -> str:
-    assert spec.trainer is not None
-    parallel = spec.trainer.parallel
-    fixed = parallel.data_parallel_replicate * parallel.tensor * parallel.pipeline
-    shard = parallel.data_parallel_shard
-    verb = " does not divide" if shard == -1 else f" x dataParallelShard {shard} does not equal"
-    return (
-        f"trainer.parallel: dataParallelReplicate x tensor x pipeline = {fixed}{verb} "
-        f"the world size {spec.world_size} (nodes x processesPerNode)"
-    )
-
-
-def _degrees_fit_world(spec: TrainingJobSpec) -> bool:
-    if spec.trainer is None:
-        return True
-    parallel = spec.trainer.parallel
-    fixed = parallel.data_parallel_replicate * parallel.tensor * parallel.pipeline
-    if parallel.data_parallel_shard == -1:
-        return spec.world_size % fixed == 0
-    return fixed * parallel.data_parallel_shard == spec.world_size
-
 
 class TrainingJobSpec(ApiModel):
     """A gang of one master and N workers running distributed PyTorch."""
@@ -631,16 +591,7 @@ class TrainingJobSpec(ApiModel):
             check=lambda s: s.run_policy.success_policy != "AllWorkers" or s.worker.replicas > 0,
             field_path=".runPolicy.successPolicy",
         ),
-        Rule(
-            cel=f"!has(self.trainer) || ({_SHARD} == -1 ? {_WORLD} % {_FIXED} == 0 "
-            f": {_FIXED} * {_SHARD} == {_WORLD})",
-            message="trainer.parallel: dataParallelReplicate x dataParallelShard x tensor x "
-            "pipeline must equal the world size (nodes x processesPerNode)",
-            check=_degrees_fit_world,
-            message_expression=_DEGREES_MESSAGE,
-            describe=_degrees_message,
-            field_path=".trainer.parallel",
-        ),
+        *world_size_rules(),
         *(
             Rule(
                 cel=f"oldSelf.suspend || (has(self.{field}) == has(oldSelf.{field}) && "

@@ -288,6 +288,26 @@ INVALID: tuple[Invalid, ...] = (
         ),
         says="exceed model.layers",
     ),
+    _case(
+        "batch-does-not-split-over-ranks",
+        "spec.trainer.training.globalBatchSize",
+        {"processesPerNode": 2, "worker": {"replicas": 1}},
+        nested("trainer.training.globalBatchSize", 6),
+        says="data-parallel degree",
+    ),
+    _case(
+        "microbatches-do-not-split",
+        "spec.trainer.parallel.pipelineMicrobatches",
+        nested("worker.replicas", 1),
+        nested("trainer.training.globalBatchSize", 6),
+        nested("trainer.parallel", {"pipeline": 2, "pipelineMicrobatches": 4}),
+    ),
+    _case(
+        "sequence-parallel-seq-len",
+        "spec.trainer.data.seqLen",
+        nested("worker.replicas", 1),
+        nested("trainer", {"data": {"seqLen": 255}, "parallel": {"tensor": 2}}),
+    ),
     _case("name-too-long", "metadata.name", {}, name="j" * 49),
     _case("name-starts-with-digit", "metadata.name", {}, name="9lives"),
 )
