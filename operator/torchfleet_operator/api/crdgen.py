@@ -63,9 +63,11 @@ def _drop_null(node: dict[str, Any], defs: dict[str, Any], path: str) -> dict[st
     return {**_resolve(options[0], defs), **outer}
 
 
-def _keys_as_cel(property_names: dict[str, Any]) -> list[dict[str, str]]:
+def _keys_as_cel(property_names: dict[str, Any], path: str) -> list[dict[str, str]]:
     """Map key constraints (no propertyNames in structural schemas) as CEL."""
     checks, words = [], []
+    if "'" in property_names.get("pattern", ""):
+        raise SchemaError(f"{path}: a key pattern with a quote cannot be a raw CEL string")
     if "pattern" in property_names:
         checks.append(f"k.matches(r'{property_names['pattern']}')")  # raw: no escapes
         words.append(f"match {property_names['pattern']}")
@@ -85,45 +87,57 @@ def structural(node: dict[str, Any], defs: dict[str, Any], path: str = "") -> di
         node = _drop_null(node, defs, path)
     out: dict[str, Any] = {}
     for key, value in node.items():
-        if key in _DROPPED_KEYS:
-            continue
-        if key == "const":
-            out["enum"] = [value]
-        elif key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
-            out[key.replace("exclusive", "").lower()] = value
-            out[key] = True
-        elif key == "properties":
-            out[key] = {
-                name: structural(child, defs, f"{path}.{name}") for name, child in value.items()
-            }
-        elif key == "items":
-            out[key] = structural(value, defs, f"{path}[]")
-        elif key == "additionalProperties":
-            if isinstance(value, dict):
-                out[key] = structural(value, defs, f"{path}{{}}")
-            elif value is True and not node.get("x-kubernetes-preserve-unknown-fields"):
-                raise SchemaError(f"{path}: an untyped map needs preserve-unknown-fields")
-            # False (extra="forbid") is the default for structural schemas.
-        elif key == "propertyNames":
-            out.setdefault("x-kubernetes-validations", []).extend(_keys_as_cel(value))
-        elif key == "patternProperties":
-            # pydantic's form of a map with a key pattern: one value schema.
-            ((pattern, values),) = value.items()
-            out["additionalProperties"] = structural(values, defs, f"{path}{{}}")
-            rules = _keys_as_cel({"pattern": pattern})
-            out.setdefault("x-kubernetes-validations", []).extend(rules)
-        elif key == "x-kubernetes-validations":
-            out.setdefault(key, []).extend(value)
-        else:
-            out[key] = value
+        if key not in _DROPPED_KEYS:
+            _convert(out, key, value, node, defs, path)
     if out.get("default") is None:
         out.pop("default", None)
-    out = _readable_order(out)
     if "type" not in out and not (
         out.get("x-kubernetes-int-or-string") or out.get("x-kubernetes-preserve-unknown-fields")
     ):
         raise SchemaError(f"{path}: no type")
-    return out
+    return _readable_order(out)
+
+
+def _convert(
+    out: dict[str, Any],
+    key: str,
+    value: Any,
+    node: dict[str, Any],
+    defs: dict[str, Any],
+    path: str,
+) -> None:
+    """Writes one JSON-schema keyword of ``node`` into ``out`` in structural form."""
+    rules = out.setdefault("x-kubernetes-validations", [])
+    if key == "const":
+        out["enum"] = [value]
+    elif key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
+        out[key.replace("exclusive", "").lower()] = value  # OpenAPI 3.0: bound + flag
+        out[key] = True
+    elif key == "properties":
+        out[key] = {
+            name: structural(child, defs, f"{path}.{name}") for name, child in value.items()
+        }
+    elif key == "items":
+        out[key] = structural(value, defs, f"{path}[]")
+    elif key == "additionalProperties":
+        if isinstance(value, dict):
+            out[key] = structural(value, defs, f"{path}{{}}")
+        elif value is True and not node.get("x-kubernetes-preserve-unknown-fields"):
+            raise SchemaError(f"{path}: an untyped map needs preserve-unknown-fields")
+        # False (extra="forbid") is what a structural schema means anyway.
+    elif key == "propertyNames":
+        rules.extend(_keys_as_cel(value, path))
+    elif key == "patternProperties":
+        # pydantic's form of a map with a key pattern: one value schema.
+        ((pattern, values),) = value.items()
+        out["additionalProperties"] = structural(values, defs, f"{path}{{}}")
+        rules.extend(_keys_as_cel({"pattern": pattern}, path))
+    elif key == "x-kubernetes-validations":
+        rules.extend(value)
+    else:
+        out[key] = value
+    if not rules:
+        del out["x-kubernetes-validations"]
 
 
 _FIRST_KEYS = ("description", "type")
