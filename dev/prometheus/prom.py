@@ -101,7 +101,7 @@ def operator_endpoint_manifests(namespace: str, ip: str, port: int) -> list[dict
             "namespace": namespace,
             "labels": {
                 "kubernetes.io/service-name": name,
-                "endpointslice.kubernetes.io/managed-by": "torchfleet.dev/dev-harness",
+                "endpointslice.kubernetes.io/managed-by": "torchfleet-dev-harness",
             },
         },
         "addressType": "IPv4",

@@ -1,0 +1,350 @@
+"""`make demo`: the README's main job, trained for real through the operator.
+
+    python dev/demo.py          # run the demo (expects `make venv cluster-up` done)
+    python dev/demo.py down     # stop what the demo left running
+
+Starts the node agent (pods run as processes here), the operator, and a real
+Prometheus; applies examples/shakespeare-ddp.yaml; shows `kubectl get tj`
+live; kills one worker rank midway; shows the gang restart and the resume from
+the last checkpoint; ends when the job has Succeeded, printing where the
+checkpoints and Prometheus are. The agent, operator and Prometheus keep running
+afterwards so both can be looked at; `down` stops them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+DEV = Path(__file__).resolve().parent
+REPO = DEV.parent
+sys.path.insert(0, str(DEV))
+
+from nodeagent import procs  # noqa: E402
+from prometheus import prom  # noqa: E402
+
+STATE = Path(os.environ.get("TORCHFLEET_DEMO_DIR", "/tmp/torchfleet-demo"))
+KUBECONFIG = REPO / ".cluster" / "kubeconfig"
+KUBECTL = REPO / ".cluster" / "bin" / "kubectl"
+NAMESPACE = "torchfleet-demo"
+JOB = "shakespeare-ddp"
+EXAMPLE = REPO / "examples" / "shakespeare-ddp.yaml"
+SHARED_CORPUS = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
+NODES = ("tf-local-0", "tf-local-1")
+BRIDGE, CIDR, GATEWAY = "tfdemo0", "10.253.0.0/16", "10.253.0.1"
+CORPUS_BYTES = 1_100_000
+KILL_AFTER_CHECKPOINT_STEP = 50
+
+
+def say(message: str) -> None:
+    print(f"\033[1m==> {message}\033[0m", flush=True)
+
+
+def kubectl(*args: str, input: str | None = None, check: bool = True) -> str:
+    out = subprocess.run(
+        [str(KUBECTL), f"--kubeconfig={KUBECONFIG}", *args],
+        input=input,
+        capture_output=True,
+        text=True,
+    )
+    if check and out.returncode != 0:
+        raise SystemExit(f"kubectl {' '.join(args)} failed: {out.stderr.strip()}")
+    return out.stdout
+
+
+# ---- the corpus -------------------------------------------------------------------
+
+
+def write_corpus(dest: Path, shared: Path = SHARED_CORPUS) -> str:
+    """Shakespeare from ../shared when this machine has it; otherwise a corpus of
+    the same size built from text every machine with Python has: the standard
+    library's own sources. Nothing is downloaded or copied into the project."""
+    if shared.exists():
+        dest.write_bytes(shared.read_bytes())
+        return f"tinyshakespeare ({shared})"
+    stdlib = Path(os.__file__).parent
+    chunks, size = [], 0
+    for source in sorted(stdlib.glob("*.py")):
+        text = source.read_text(encoding="utf-8", errors="ignore")
+        text = "".join(ch for ch in text if ch.isascii())
+        chunks.append(text)
+        size += len(text)
+        if size >= CORPUS_BYTES:
+            break
+    dest.write_text("".join(chunks)[:CORPUS_BYTES])
+    return f"Python standard library sources ({stdlib})"
+
+
+# ---- the parts ---------------------------------------------------------------------
+
+
+def start_agent() -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", "nodeagent", "--kubeconfig", str(KUBECONFIG)]
+    argv += ["--state-dir", str(STATE / "agent"), "--bridge", BRIDGE, "--cidr", CIDR]
+    for node in NODES:
+        argv += ["--node", node]
+    return _spawn("agent", argv, {"PYTHONPATH": str(DEV)})
+
+
+def start_operator(metrics_port: int, health_port: int) -> subprocess.Popen[bytes]:
+    command = [str(Path(sys.executable).parent / "torchfleet-operator")]
+    command += ["--kubeconfig", str(KUBECONFIG), "--health-address", "0.0.0.0"]
+    command += ["--health-port", str(health_port), "--metrics-port", str(metrics_port)]
+    # Quick restarts and progress so the demo moves in seconds, not minutes.
+    env = {
+        "TORCHFLEET_OPERATOR_RESTART_BACKOFF_SECONDS": "2",
+        "TORCHFLEET_OPERATOR_PROGRESS_INTERVAL_SECONDS": "3",
+    }
+    return _spawn("operator", command, env)
+
+
+def _spawn(name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    STATE.mkdir(parents=True, exist_ok=True)
+    with open(STATE / f"{name}.log", "ab") as log:
+        process = subprocess.Popen(
+            argv,
+            env={**os.environ, **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=REPO,
+        )
+    (STATE / f"{name}.pid").write_text(str(process.pid))
+    return process
+
+
+def wait_for(what: str, check: Any, timeout: float, process: Any = None) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if process is not None and process.poll() is not None:
+            raise SystemExit(f"{what}: the process exited; see {STATE}")
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{what}: not ready after {timeout:.0f}s; see logs in {STATE}")
+        time.sleep(0.5)
+
+
+def nodes_ready() -> bool:
+    out = kubectl("get", "nodes", "-l", "torchfleet.dev/local-node=true", "-o", "json")
+    ready = {
+        n["metadata"]["name"]
+        for n in json.loads(out)["items"]
+        for c in n["status"].get("conditions") or []
+        if c["type"] == "Ready" and c["status"] == "True"
+    }
+    return set(NODES) <= ready
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# ---- the job ------------------------------------------------------------------------
+
+
+def job_status() -> dict[str, Any]:
+    out = kubectl("get", "trainingjob", JOB, "-n", NAMESPACE, "-o", "json")
+    return dict(json.loads(out).get("status") or {})
+
+
+def show_row(last: list[str]) -> None:
+    row = kubectl("get", "tj", JOB, "-n", NAMESPACE, "--no-headers")
+    status = job_status()
+    progress = status.get("progress") or {}
+    extra = ""
+    if progress:
+        extra = (
+            f"  step {progress.get('step')}/{progress.get('totalSteps')}"
+            f"  loss {progress.get('loss')}  {progress.get('tokensPerSecond')} tok/s"
+            f"  eta {progress.get('etaSeconds')}s"
+            f"  checkpoint {(status.get('lastCheckpoint') or {}).get('step')}"
+        )
+    line = row.strip() + extra
+    if not last or line != last[-1]:
+        print(f"    {line}", flush=True)
+        last.append(line)
+
+
+def kill_a_worker_rank() -> None:
+    pod = json.loads(kubectl("get", "pod", f"{JOB}-worker-0", "-n", NAMESPACE, "-o", "json"))
+    ranks = procs.rank_processes(pod["metadata"]["uid"])
+    if not ranks:
+        raise SystemExit("found no rank process in the worker pod to kill")
+    victim = ranks[0]
+    say(f"killing worker rank process {victim.pid} (SIGKILL): {victim.cmdline[:80]}...")
+    procs.kill(victim, signal.SIGKILL)
+
+
+def trainer_events(pod: str, kind: str) -> list[list[dict[str, Any]]]:
+    """The trainer's JSON events of one kind, per run of the pod, oldest first."""
+    runs = sorted((STATE / "agent" / "pods").glob(f"{NAMESPACE}_{pod}_*"), key=os.path.getmtime)
+    found = []
+    for run in runs:
+        log = run / "logs" / "trainer.log"
+        lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+        found.append([json.loads(x) for x in lines if x.startswith("{") and f'"{kind}"' in x])
+    return found
+
+
+def run_job() -> None:
+    kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true")
+    kubectl("create", "namespace", NAMESPACE)
+    corpus_dir = STATE / "agent" / "volumes" / NAMESPACE / "shakespeare-corpus"
+    corpus_dir.mkdir(parents=True, exist_ok=True)
+    source = write_corpus(corpus_dir / "input.txt")
+    say(f"corpus: {source}")
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "shakespeare-corpus", "namespace": NAMESPACE},
+        "spec": {"accessModes": ["ReadOnlyMany"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+    kubectl("apply", "-f", "-", input=json.dumps(claim))
+    say(f"kubectl apply -f examples/{EXAMPLE.name} -n {NAMESPACE}")
+    print(kubectl("apply", "-f", str(EXAMPLE), "-n", NAMESPACE), end="")
+    say("kubectl get tj (live): NAME PHASE NODES RESTARTS PROGRESS% AGE")
+
+    rows: list[str] = []
+    killed = False
+    while True:
+        show_row(rows)
+        status = job_status()
+        phase = status.get("phase")
+        if phase in ("Succeeded", "Failed"):
+            break
+        checkpoint = (status.get("lastCheckpoint") or {}).get("step", 0)
+        if (
+            not killed
+            and status.get("restartCount", 0) == 0
+            and checkpoint >= KILL_AFTER_CHECKPOINT_STEP
+        ):
+            say(f"midway: last checkpoint at step {checkpoint}")
+            kill_a_worker_rank()
+            killed = True
+            say("the operator sees the failed pod and restarts the whole gang:")
+        time.sleep(2)
+    report(status)
+
+
+def report(status: dict[str, Any]) -> None:
+    saved = trainer_events(f"{JOB}-master-0", "checkpoint")
+    resumed = trainer_events(f"{JOB}-master-0", "resumed")
+    evals = trainer_events(f"{JOB}-master-0", "eval")
+    if len(saved) > 1:
+        before = max((e["step"] for e in saved[0]), default=None)
+        after = [e["step"] for e in resumed[-1]]
+        say(
+            f"gang restarts: {status.get('restartCount')}; last checkpoint before the kill: "
+            f"step {before}; the new gang resumed at step {after[0] if after else '?'}"
+        )
+    final_eval = evals[-1][-1] if evals and evals[-1] else {}
+    say(
+        f"job {status.get('phase')}: final validation loss {final_eval.get('val_loss')} "
+        f"at step {final_eval.get('step')}"
+    )
+
+
+# ---- up and down ---------------------------------------------------------------------
+
+
+def down() -> None:
+    """Stops what an earlier demo left running (agent last: it stops the pods)."""
+    prom.stop(STATE / "prometheus")
+    for name in ("operator", "agent"):
+        pid_file = STATE / f"{name}.pid"
+        if not pid_file.exists():
+            continue
+        pid = int(pid_file.read_text())
+        try:
+            os.kill(pid, signal.SIGTERM)
+            for _ in range(300):
+                os.kill(pid, 0)
+                time.sleep(0.2)
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        pid_file.unlink()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("command", nargs="?", choices=["run", "down"], default="run")
+    parser.add_argument("--down-after", action="store_true", help="stop everything at the end")
+    args = parser.parse_args()
+    if args.command == "down":
+        down()
+        return
+    if os.geteuid() != 0:
+        raise SystemExit("the demo's node agent needs root (network and mount namespaces)")
+    if not KUBECONFIG.exists():
+        raise SystemExit("no cluster: run `make cluster-up` first")
+    down()
+    say("Prometheus with Kubernetes service discovery (built once, then cached)")
+    binary = prom.prometheus_binary()
+    print(f"    {binary}")
+
+    say(f"node agent: nodes {', '.join(NODES)} run their pods as processes on this machine")
+    agent = start_agent()
+    wait_for("node agent", nodes_ready, 60, agent)
+    print(kubectl("get", "nodes", "-l", "torchfleet.dev/local-node=true"), end="")
+
+    say("operator (torchfleet-operator) with the CRD applied")
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+    metrics_port, health_port = free_port(), free_port()
+    operator = start_operator(metrics_port, health_port)
+    wait_for("operator", lambda: http_ok(f"http://127.0.0.1:{health_port}/healthz"), 60, operator)
+    manifests = prom.operator_endpoint_manifests("torchfleet-system", GATEWAY, metrics_port)
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "torchfleet-system"}}
+    items = {"apiVersion": "v1", "kind": "List", "items": [namespace, *manifests]}
+    kubectl("apply", "-f", "-", input=json.dumps(items))
+
+    say("Prometheus, discovering pods and the operator through the API server")
+    running = prom.start(str(KUBECONFIG), STATE / "prometheus")
+    print(f"    {running.url}")
+
+    started = time.monotonic()
+    try:
+        run_job()
+    finally:
+        if args.down_after:
+            down()
+    minutes = (time.monotonic() - started) / 60
+    claim = STATE / "agent" / "volumes" / NAMESPACE / f"{JOB}-checkpoint"
+    say(f"done in {minutes:.1f} min")
+    print(f"    checkpoints:  {claim}")
+    for path in sorted(claim.glob("*"))[:10]:
+        print(f"                  {path.name}")
+    print(
+        f"    Prometheus:   {running.url}  (try: torchfleet_train_loss, "
+        "torchfleet_train_tokens_per_second, torchfleet_operator_jobs)"
+    )
+    print(f"    logs:         {STATE}/agent/pods/<namespace>_<pod>_<uid>/logs/")
+    if not args.down_after:
+        print(
+            "    still running: node agent, operator, Prometheus; stop them with `make demo-down` "
+            "(python dev/demo.py down)"
+        )
+
+
+if __name__ == "__main__":
+    main()
