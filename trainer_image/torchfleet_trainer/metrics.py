@@ -16,12 +16,13 @@ CHECKPOINT_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900)
 class TrainMetrics:
     """The trainer's series. Each process has its own registry; local rank 0 serves it."""
 
-    def __init__(self, job: str) -> None:
+    def __init__(self) -> None:
+        # Unlabelled: every series is exposed from the first scrape, and the
+        # scraper adds job/pod labels from service discovery.
         self.registry = CollectorRegistry()
-        labels = ("job_name",)
 
         def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, labels, registry=self.registry)
+            return Gauge(name, doc, registry=self.registry)
 
         self.step = gauge("torchfleet_train_step", "Last completed optimizer step.")
         self.loss = gauge("torchfleet_train_loss", "Training loss of the last logged step.")
@@ -39,25 +40,19 @@ class TrainMetrics:
         self.step_seconds = Histogram(
             "torchfleet_train_step_seconds",
             "Wall time of one optimizer step.",
-            labels,
             buckets=STEP_BUCKETS,
             registry=self.registry,
         )
         self.checkpoint_save_seconds = Histogram(
             "torchfleet_checkpoint_save_seconds",
             "Time the loop was blocked saving a checkpoint.",
-            labels,
             buckets=CHECKPOINT_BUCKETS,
             registry=self.registry,
         )
         self.checkpoint_load_seconds = gauge(
             "torchfleet_checkpoint_load_seconds", "Time taken to load the resumed checkpoint."
         )
-        self._job = job
         self.port: int | None = None
-
-    def labelled(self, metric: Any) -> Any:
-        return metric.labels(job_name=self._job)
 
     def serve(self, port: int) -> int:
         """Starts /metrics; returns the bound port (useful with port 0)."""

@@ -242,7 +242,7 @@ class Trainer:
         step, seconds = loaded
         self.sampler.load_state_dict(state)
         if self.metrics:
-            self.metrics.labelled(self.metrics.checkpoint_load_seconds).set(seconds)
+            self.metrics.checkpoint_load_seconds.set(seconds)
         self.log("resumed", step=step, load_seconds=round(seconds, 4))
         return step
 
@@ -313,7 +313,7 @@ class Trainer:
         # The last save before exiting must finish, so it is never asynchronous.
         seconds = self.checkpointer.save(step, self.train_state(step), force_sync=final)
         if self.metrics:
-            self.metrics.labelled(self.metrics.checkpoint_save_seconds).observe(seconds)
+            self.metrics.checkpoint_save_seconds.observe(seconds)
         self.log("checkpoint", step=step, blocked_seconds=round(seconds, 4))
 
     @torch.no_grad()
@@ -333,7 +333,7 @@ class Trainer:
         self.model.train(True)
         loss = total / self.config.training.eval_batches
         if self.metrics:
-            self.metrics.labelled(self.metrics.eval_loss).set(loss)
+            self.metrics.eval_loss.set(loss)
         self.log("eval", step=step, val_loss=round(loss, 6))
         return loss
 
@@ -343,16 +343,16 @@ class Trainer:
         tokens_per_second = tokens / step_seconds
         mfu = self._mfu(tokens_per_second)
         if self.metrics:
-            m, lab = self.metrics, self.metrics.labelled
-            lab(m.step).set(record["step"])
-            lab(m.loss).set(record["loss"])
-            lab(m.learning_rate).set(record["lr"])
-            lab(m.tokens_per_second).set(tokens_per_second)
-            lab(m.step_seconds).observe(step_seconds)
+            m = self.metrics
+            m.step.set(record["step"])
+            m.loss.set(record["loss"])
+            m.learning_rate.set(record["lr"])
+            m.tokens_per_second.set(tokens_per_second)
+            m.step_seconds.observe(step_seconds)
             if mfu is not None:
-                lab(m.mfu).set(mfu)
+                m.mfu.set(mfu)
             if self.runtime.device.type == "cuda":
-                lab(m.gpu_memory).set(torch.cuda.max_memory_allocated(self.runtime.device))
+                m.gpu_memory.set(torch.cuda.max_memory_allocated(self.runtime.device))
         step = int(record["step"])
         if step % self.config.training.log_interval == 0 or step == self.config.training.steps:
             extra = {"mfu": round(mfu, 4)} if mfu is not None else {}
@@ -411,7 +411,7 @@ def run_worker(config: TrainConfig) -> RunResult:
         runtime = build_runtime(config)
         metrics = None
         if config.metrics.enabled and runtime.local_rank == 0:
-            metrics = TrainMetrics(os.environ.get(contract.JOB_NAME, "local"))
+            metrics = TrainMetrics()
             port = metrics.serve(resolve_metrics_port(config))
             if runtime.is_logger and config.metrics.json_logs:
                 log_json("metrics", port=port)

@@ -1,0 +1,91 @@
+"""Drives ``torchfleet-train`` as a real process and reads its JSON lines live."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from queue import Empty, Queue
+from typing import Any
+
+from tests.fixtures.trainer import trainer_env
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class TrainerProcess:
+    """``python -m torchfleet_trainer.main`` in its own session, stdout parsed as events."""
+
+    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
+        full_env = trainer_env()
+        full_env.update(env or {})
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "torchfleet_trainer.main", *args],
+            env=full_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        self.events: list[dict[str, Any]] = []
+        self._queue: Queue[dict[str, Any] | None] = Queue()
+        self.stderr = ""
+        threading.Thread(target=self._read_stdout, daemon=True).start()
+        threading.Thread(target=self._read_stderr, daemon=True).start()
+
+    def _read_stdout(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                with_event = json.loads(line)
+                self._queue.put(with_event)
+        self._queue.put(None)
+
+    def _read_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        self.stderr = self.proc.stderr.read()
+
+    def wait_for(
+        self, predicate: Callable[[dict[str, Any]], bool], timeout: float
+    ) -> dict[str, Any]:
+        """The first (new) event satisfying ``predicate``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"no matching event in {timeout}s; got {self.events[-5:]}")
+            try:
+                event = self._queue.get(timeout=remaining)
+            except Empty:
+                continue
+            if event is None:
+                raise AssertionError(
+                    f"trainer exited ({self.proc.poll()}) first; stderr:\n{self.stderr[-4000:]}"
+                )
+            self.events.append(event)
+            if predicate(event):
+                return event
+
+    def finish(self, timeout: float) -> int:
+        """Waits for exit, collecting the remaining events; kills the session on timeout."""
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            raise AssertionError(f"trainer still running after {timeout}s") from None
+        while (event := self._queue.get(timeout=10)) is not None:
+            self.events.append(event)
+        return code
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["event"] == kind]

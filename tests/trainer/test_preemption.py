@@ -1,0 +1,57 @@
+"""SIGTERM to the launcher (what Kubernetes sends on preemption) saves and resumes.
+
+The launcher starts two gloo ranks through PyTorch's elastic API, which
+forwards the signal; the ranks agree to stop at the next step boundary, save a
+complete checkpoint and exit 143. A single-process rerun (a different world
+size) resumes from exactly that step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.trainer.cli_process import TrainerProcess, free_port
+from torchfleet_trainer import contract
+from torchfleet_trainer.checkpoint import MARKER, step_dir
+
+pytestmark = pytest.mark.trainer
+
+MODEL = [
+    "model.architecture=llama",
+    "model.layers=2",
+    "model.dim=32",
+    "model.heads=2",
+    "model.maxSeqLen=16",
+    "data.seqLen=16",
+    "training.globalBatchSize=4",
+    "training.logInterval=1",
+    "training.evalInterval=0",
+    "schedule.warmupSteps=1",
+    "checkpoint.interval=100000",
+    "metrics.enabled=false",
+]
+
+
+def test_sigterm_saves_complete_checkpoint_and_resume_continues(tmp_path: Path) -> None:
+    env = {
+        contract.CHECKPOINT_DIR: str(tmp_path / "ckpt"),
+        contract.MASTER_PORT: str(free_port()),
+        contract.JOB_NAME: "preempt-test",
+    }
+    trainer = TrainerProcess(["--nproc-per-node", "2", "training.steps=100000", *MODEL], env)
+    trainer.wait_for(lambda e: e["event"] == "step" and e["step"] >= 3, timeout=240)
+    trainer.proc.terminate()  # SIGTERM, as the kubelet sends it
+    assert trainer.finish(timeout=120) == 143, trainer.stderr[-3000:]
+
+    (preempted,) = trainer.of("preempted")
+    stopped_at = preempted["step"]
+    assert stopped_at >= 3
+    assert (step_dir(tmp_path / "ckpt", stopped_at) / MARKER).is_file()
+    assert [e["step"] for e in trainer.of("checkpoint")] == [stopped_at]
+
+    resumed = TrainerProcess([f"training.steps={stopped_at + 2}", *MODEL], env)
+    assert resumed.finish(timeout=240) == 0, resumed.stderr[-3000:]
+    assert [e["step"] for e in resumed.of("resumed")] == [stopped_at]
+    assert [e["step"] for e in resumed.of("step")] == [stopped_at + 1, stopped_at + 2]
