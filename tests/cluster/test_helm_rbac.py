@@ -23,8 +23,9 @@ JOB_SPEC = {
     "command": ["python", "train.py"],
     "master": {"template": ON_FAKE_NODES},
     "worker": {"replicas": 1, "template": ON_FAKE_NODES},
-    # Deleting the finished job exercises the delete grant too.
-    "runPolicy": {"ttlSecondsAfterFinished": 2},
+    # A gang restart exercises deleting pods; deleting the finished job the
+    # delete grant on TrainingJobs.
+    "runPolicy": {"restartPolicy": "ExitCode", "ttlSecondsAfterFinished": 2},
 }
 
 
@@ -84,6 +85,9 @@ def test_operator_with_only_the_charts_service_account_runs_a_job_lifecycle(
         ("patch", "trainingjobs.torchfleet.dev", "--subresource=status", "-n", watched),
         ("delete", "trainingjobs.torchfleet.dev", "-n", watched),
         ("create", "events", "-n", watched),
+        ("create", "persistentvolumeclaims", "-n", watched),
+        ("create", "podgroups.scheduling.x-k8s.io", "-n", watched),
+        ("create", "podgroups.scheduling.volcano.sh", "-n", watched),
         ("watch", "nodes"),
     ):
         assert can_i(cluster, kubeconfig, *question), question
@@ -115,16 +119,18 @@ def test_operator_with_only_the_charts_service_account_runs_a_job_lifecycle(
     job_driver.create(watched, "llm", JOB_SPEC)
 
     job_driver.wait_running_pods(watched, "llm", 2)
+    job_driver.fail_pod(watched, "llm-worker-0", exit_code=137)  # retryable: a gang restart
+    job_driver.wait_running_pods(watched, "llm", 2, restart=1)
     job_driver.wait_phase(watched, "llm", "Running")
     # This operator's own counters, so that the work is not another operator's
-    # on the same cluster: it created the gang, and it knows the jobs it may
+    # on the same cluster: it created both gangs, and it knows the jobs it may
     # (read now: the TTL soon removes "llm" from them).
     created = operator.metric("torchfleet_operator_pods_created_total")
     known_jobs = operator.metric("torchfleet_operator_jobs")
     if confined:
-        assert (created, known_jobs) == (2, 1)  # "elsewhere" is invisible to it
+        assert (created, known_jobs) == (4, 1)  # "elsewhere" is invisible to it
     else:
-        assert created >= 2 and known_jobs >= 2
+        assert created >= 4 and known_jobs >= 2
     job_driver.succeed_pod(watched, "llm-master-0")
     job_driver.wait_phase(watched, "llm", "Succeeded")
     assert {"GangRunning"} <= {e["reason"] for e in job_driver.events(watched, "llm")}
