@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+
 from torchfleet_trainer import contract
 from torchfleet_trainer.config import ConfigError, TrainConfig, load_config
 from torchfleet_trainer.main import main
