@@ -58,7 +58,8 @@ def test_char_shakespeare_learns_and_serves_metrics(tmp_path: Path, shakespeare_
         },
         "optimizer": {"lr": 0.004},
         "schedule": {"warmupSteps": 20},
-        "checkpoint": {"interval": 50, "dir": str(tmp_path / "ckpt")},
+        # Async saves at 50 and 100 (marked once written), a blocking final one at 150.
+        "checkpoint": {"interval": 50, "dir": str(tmp_path / "ckpt"), "asyncSave": True},
         # Peak given so that MFU is reported on CPU too.
         "metrics": {"port": 0, "peakTflops": 1.0},
     }
@@ -76,6 +77,9 @@ def test_char_shakespeare_learns_and_serves_metrics(tmp_path: Path, shakespeare_
     assert samples["torchfleet_train_mfu_ratio"] > 0
 
     assert trainer.finish(timeout=400) == 0, trainer.stderr[-3000:]
+    complete = sorted(p.parent.name for p in (tmp_path / "ckpt").glob("step-*/COMPLETE"))
+    assert complete == ["step-00000050", "step-00000100", "step-00000150"]
+    assert not list((tmp_path / "ckpt").glob("*.partial"))
     (final_eval,) = trainer.of("eval")
     assert final_eval["step"] == STEPS
     assert final_eval["val_loss"] < VAL_LOSS_THRESHOLD, final_eval

@@ -152,7 +152,7 @@ def clip_grad_norm(model: ParallelModel, max_norm: float, runtime: Runtime) -> f
 
 def mean_over_data_parallel(loss: torch.Tensor, runtime: Runtime) -> float:
     """The global batch's loss: only last pipeline stages hold one, TP ranks repeat it."""
-    if runtime.dims is None:
+    if runtime.dims is None or runtime.world_size == 1:
         return float(loss)
     total = loss.detach().float().reshape(1).clone()
     dist.all_reduce(total)
