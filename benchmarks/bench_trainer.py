@@ -3,6 +3,9 @@
 (a) nanoGPT's shakespeare-char recipe (6 layers, 6 heads, 384 wide, context
     256, batch 64, lr 1e-3, dropout 0.2, 5,000 iterations) through
     torchfleet's Trainer: best validation loss (target <= 1.47) and wall time.
+(c) Checkpoints: DCP save/load bytes per second against the disk's own
+    write speed (the same bytes written and fsynced as one file), and how long
+    the loop is blocked by an asynchronous save compared with a blocking one.
 (b) A Llama-style model of about 1B parameters on synthetic tokens at the
     largest batch that fits: tokens/s and MFU (against --peak-tflops, 989 =
     H100 SXM dense bf16), next to a plain eager single-GPU loop over the same
@@ -20,7 +23,9 @@ import contextlib
 import datetime
 import json
 import platform
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -164,6 +169,72 @@ def plain_loop_throughput(config: TrainConfig, device: torch.device) -> float:
     return steady_tokens_per_second(seconds, tokens)
 
 
+def disk_write_bytes_per_second(directory: Path, size: int) -> float:
+    """The disk's own speed for one large, fsynced sequential write."""
+    import os
+
+    payload = os.urandom(min(size, 64 << 20))
+    path = directory / "disk-speed.bin"
+    began = time.perf_counter()
+    with path.open("wb") as handle:
+        written = 0
+        while written < size:
+            handle.write(payload)
+            written += len(payload)
+        handle.flush()
+        os.fsync(handle.fileno())
+    seconds = time.perf_counter() - began
+    path.unlink()
+    return written / seconds
+
+
+def run_checkpoint(device: str, quick: bool, directory: Path) -> dict[str, Any]:
+    """Save/load throughput of a real Trainer's state and the blocking time of async saves."""
+    from torchfleet_trainer.checkpoint import Checkpointer
+
+    config = llama_config(device, quick, batch=1, steps=1, compile_=False)
+    if quick:
+        # Big enough (~40M parameters, ~0.5 GB with AdamW state) that bytes dominate.
+        config.model = config.model.model_copy(
+            update={"layers": 4, "dim": 512, "heads": 8, "kv_heads": 4, "vocab_size": 32768}
+        )
+    config.checkpoint.enabled = True
+    config.checkpoint.dir = str(directory / "ckpt")
+    trainer = Trainer(config, build_runtime(config))
+    trainer.run()  # one step, so AdamW state exists
+    state = trainer.checkpointer.state_dict({"step": 1}) if trainer.checkpointer else {}
+    nbytes = sum(
+        t.numel() * t.element_size()
+        for section in ("model", "optimizer")
+        for t in state.get(section, {}).values()
+        if isinstance(t, torch.Tensor)
+    )
+    figures: dict[str, Any] = {"state_bytes": nbytes}
+    for mode in ("sync", "async"):
+        config.checkpoint.async_save = mode == "async"
+        root = directory / f"ckpt-{mode}"
+        checkpointer = Checkpointer(
+            root, config.checkpoint, trainer.model.parts, trainer.optimizers
+        )
+        blocked = checkpointer.save(10, {"step": 10})
+        began = time.perf_counter()
+        checkpointer.wait()
+        figures[f"{mode}_blocked_seconds"] = round(blocked, 4)
+        if mode == "sync":
+            figures["save_bytes_per_second"] = round(nbytes / blocked)
+            began = time.perf_counter()
+            checkpointer.load_latest({"step": 0})
+            figures["load_bytes_per_second"] = round(nbytes / (time.perf_counter() - began))
+        else:
+            figures["async_total_seconds"] = round(blocked + time.perf_counter() - began, 4)
+        shutil.rmtree(root)
+    figures["disk_write_bytes_per_second"] = round(disk_write_bytes_per_second(directory, nbytes))
+    figures["save_vs_disk"] = round(
+        figures["save_bytes_per_second"] / figures["disk_write_bytes_per_second"], 3
+    )
+    return figures
+
+
 def batch_sizes(quick: bool) -> Iterator[int]:
     yield from ([8] if quick else [16, 12, 8, 6, 4, 2, 1])
 
@@ -208,7 +279,10 @@ def main() -> None:
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--quick", action="store_true", help="Tiny configs (CPU smoke run).")
     parser.add_argument("--peak-tflops", type=float, default=None, help="Default 989 on CUDA.")
-    parser.add_argument("--only", choices=["shakespeare", "throughput"], default=None)
+    parser.add_argument("--only", choices=["shakespeare", "throughput", "checkpoint"], default=None)
+    parser.add_argument(
+        "--scratch", type=Path, default=Path("/tmp/torchfleet-bench"), help="For checkpoints."
+    )
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: no CUDA device; use --device cpu --quick")
@@ -229,6 +303,14 @@ def main() -> None:
         if args.only in (None, "throughput"):
             report["llama_throughput"] = run_throughput(args.device, args.quick, peak)
             print(json.dumps(report["llama_throughput"]), flush=True)
+        if args.only in (None, "checkpoint"):
+            args.scratch.mkdir(parents=True, exist_ok=True)
+            scratch = Path(tempfile.mkdtemp(dir=args.scratch))
+            try:
+                report["checkpoint"] = run_checkpoint(args.device, args.quick, scratch)
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+            print(json.dumps(report["checkpoint"]), flush=True)
     finally:
         dist.destroy_process_group()
     RESULTS.mkdir(parents=True, exist_ok=True)
