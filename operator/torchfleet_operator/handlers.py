@@ -1,7 +1,8 @@
 """The kopf shell: informer caches (indices) and triggers. No decisions here.
 
 Every handler is ``async`` and does O(1) work on the event loop: index a
-compact summary, or put a job key on the work queue. The reconcile itself
+compact summary, or put a job key on the work queue. (A sync handler would
+cost a thread hop per event; with 9,000 pods that dominates.) The reconcile itself
 (``controller.py``) runs its blocking API calls in worker threads.
 """
 
@@ -18,6 +19,21 @@ from torchfleet_operator.controller import Controller, JobKey
 from torchfleet_operator.observed import ObservedNode, ObservedPod
 
 CHILD = {JOB_NAME_LABEL: kopf.PRESENT}
+
+
+class NoDiffBase(kopf.DiffBaseStorage):
+    """Keeps no "last handled state": this operator has no on.create/on.update
+    handlers, so kopf's per-event diff (two deep copies of every pod body) is
+    pure cost; profiled at a third of the event loop's time with 9 pods/job."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return {}
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
 
 
 def _key(namespace: str | None, name: str) -> JobKey:
@@ -43,6 +59,7 @@ async def start(
     for plural in ("pods", "services", "persistentvolumeclaims"):
         settings.watching.label_selectors[plural] = JOB_NAME_LABEL
     settings.watching.server_timeout = 300
+    settings.persistence.diffbase_storage = NoDiffBase()
     controller = _controller(memo)
     caches = controller.caches
     # kopf passes each index as a kwarg named after its function.
@@ -58,7 +75,7 @@ async def stop(memo: Any, **_: Any) -> None:
 
 
 @kopf.on.probe(id="queue")
-def queue_depth(memo: Any, **_: Any) -> int:
+async def queue_depth(memo: Any, **_: Any) -> int:
     return len(_controller(memo).queue)
 
 
@@ -66,35 +83,39 @@ def queue_depth(memo: Any, **_: Any) -> int:
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
-def tf_jobs(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+async def tf_jobs(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     # A plain dict: kopf's Body is a live view; the planner wants a value.
     return {(namespace, name): {key: body[key] for key in body}}
 
 
 @kopf.index("pods", labels=CHILD)
-def tf_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> Any:
+async def tf_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> Any:
     pod = ObservedPod.from_manifest(dict(body))
     return {(namespace, labels[JOB_NAME_LABEL]): pod} if pod else None
 
 
 @kopf.index("pods", labels=CHILD)
-def tf_pods_by_node(namespace: str | None, labels: kopf.Labels, spec: kopf.Spec, **_: Any) -> Any:
+async def tf_pods_by_node(
+    namespace: str | None, labels: kopf.Labels, spec: kopf.Spec, **_: Any
+) -> Any:
     node = spec.get("nodeName")
     return {node: (namespace, labels[JOB_NAME_LABEL])} if node else None
 
 
 @kopf.index("nodes")
-def tf_nodes(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+async def tf_nodes(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     return {name: ObservedNode.from_manifest(dict(body))}
 
 
 @kopf.index("services", labels=CHILD)
-def tf_services(namespace: str | None, labels: kopf.Labels, name: str, **_: Any) -> dict[Any, Any]:
+async def tf_services(
+    namespace: str | None, labels: kopf.Labels, name: str, **_: Any
+) -> dict[Any, Any]:
     return {(namespace, labels[JOB_NAME_LABEL]): name}
 
 
 @kopf.index("persistentvolumeclaims", labels=CHILD)
-def tf_claims(namespace: str | None, name: str, **_: Any) -> dict[Any, Any]:
+async def tf_claims(namespace: str | None, name: str, **_: Any) -> dict[Any, Any]:
     return {(namespace, name): name}
 
 

@@ -10,11 +10,11 @@ from torchfleet_trainer.metrics import TrainMetrics
 
 
 def test_poller_reads_the_trainers_gauges_and_reports_only_changes():
-    metrics = TrainMetrics(job="llm")
+    metrics = TrainMetrics()
     port = metrics.serve(0)
-    metrics.labelled(metrics.step).set(40)
-    metrics.labelled(metrics.loss).set(2.25)
-    metrics.labelled(metrics.tokens_per_second).set(1234.5)
+    metrics.step.set(40)
+    metrics.loss.set(2.25)
+    metrics.tokens_per_second.set(1234.5)
     changed: list[str] = []
 
     async def scenario() -> None:
@@ -33,7 +33,7 @@ def test_poller_reads_the_trainers_gauges_and_reports_only_changes():
             2.25,
             1234.5,
         )
-        metrics.labelled(metrics.step).set(41)
+        metrics.step.set(41)
         while len(changed) < 2:
             await asyncio.sleep(0.02)
         task.cancel()
