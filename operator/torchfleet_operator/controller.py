@@ -76,7 +76,6 @@ class Controller:
         self.progress: ProgressPoller[JobKey] = ProgressPoller(
             config.progress_interval_seconds, self._masters, self.enqueue
         )
-        self.passes = 0
 
     # ---- triggers (called on the event loop) ----
 
@@ -206,7 +205,6 @@ class Controller:
         try:
             return self._reconcile(key, snapshot)
         finally:
-            self.passes += 1
             metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
 
     def _reconcile(self, key: JobKey, snapshot: Snapshot) -> float | None:

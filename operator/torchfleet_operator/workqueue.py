@@ -7,8 +7,7 @@ workers reconcile keys. That gives the operator its two key properties:
 * coalescing: 65 pod events arriving while a job is being reconciled produce
   one more pass, not 65, and one key is never reconciled by two workers at once.
 
-Must be used from one event loop; ``add`` is also safe from other threads
-through ``add_threadsafe``.
+Must be used from one event loop (it is not thread-safe).
 """
 
 from __future__ import annotations
@@ -54,11 +53,6 @@ class WorkQueue(Generic[K]):
                 return
             pending.cancel()
         self._timers[key] = loop.call_at(when, self._fire, key)
-
-    def add_threadsafe(self, key: K) -> None:
-        if self._loop is None:
-            raise RuntimeError("the queue has not been used from its event loop yet")
-        self._loop.call_soon_threadsafe(self.add, key)
 
     def _fire(self, key: K) -> None:
         self._timers.pop(key, None)

@@ -89,6 +89,9 @@ def test_worker_exit_137_restarts_the_gang_exit_1_fails_the_job(
     assert env["TORCHFLEET_RESTART_COUNT"] == "1"
     warnings = {e["reason"] for e in job_driver.events(namespace, "llm") if e["type"] == "Warning"}
     assert "PodFailed" in warnings  # the Restarting transition, with the failure as reason
+    assert (
+        shared_operator.metric("torchfleet_operator_gang_restarts_total", reason="PodFailed") >= 1
+    )
 
     job_driver.fail_pod(namespace, "llm-worker-0", exit_code=1)
     failed = job_driver.wait_phase(namespace, "llm", "Failed")
