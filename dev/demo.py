@@ -42,7 +42,7 @@ SHARED_CORPUS = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
 NODES = ("tf-local-0", "tf-local-1")
 BRIDGE, CIDR, GATEWAY = "tfdemo0", "10.253.0.0/16", "10.253.0.1"
 CORPUS_BYTES = 1_100_000
-KILL_AFTER_CHECKPOINT_STEP = 50
+KILL_AFTER_CHECKPOINT_STEP = 100
 
 
 def say(message: str) -> None:
@@ -98,9 +98,12 @@ def start_agent() -> subprocess.Popen[bytes]:
 def start_operator(metrics_port: int, health_port: int) -> subprocess.Popen[bytes]:
     command = [str(Path(sys.executable).parent / "torchfleet-operator")]
     command += ["--kubeconfig", str(KUBECONFIG), "--health-address", "0.0.0.0"]
+    # Only the demo's namespace: test runs on the same cluster keep their own.
+    command += ["--namespace", NAMESPACE]
     command += ["--health-port", str(health_port), "--metrics-port", str(metrics_port)]
     # Quick restarts and progress so the demo moves in seconds, not minutes.
     env = {
+        "KUBECONFIG": str(KUBECONFIG),
         "TORCHFLEET_OPERATOR_RESTART_BACKOFF_SECONDS": "2",
         "TORCHFLEET_OPERATOR_PROGRESS_INTERVAL_SECONDS": "3",
     }
@@ -177,10 +180,11 @@ def show_row(last: list[str]) -> None:
             f"  eta {progress.get('etaSeconds')}s"
             f"  checkpoint {(status.get('lastCheckpoint') or {}).get('step')}"
         )
-    line = row.strip() + extra
-    if not last or line != last[-1]:
-        print(f"    {line}", flush=True)
-        last.append(line)
+    # A new line only when something but the AGE column (the last) changed.
+    key = " ".join(row.split()[:-1]) + extra
+    if not last or key != last[-1]:
+        print(f"    {row.strip()}{extra}", flush=True)
+        last.append(key)
 
 
 def kill_a_worker_rank() -> None:
@@ -195,7 +199,10 @@ def kill_a_worker_rank() -> None:
 
 def trainer_events(pod: str, kind: str) -> list[list[dict[str, Any]]]:
     """The trainer's JSON events of one kind, per run of the pod, oldest first."""
-    runs = sorted((STATE / "agent" / "pods").glob(f"{NAMESPACE}_{pod}_*"), key=os.path.getmtime)
+    runs = sorted(
+        (STATE / "agent" / "pods").glob(f"{NAMESPACE}_{pod}_*"),
+        key=lambda run: int((run / "started").read_text()),
+    )
     found = []
     for run in runs:
         log = run / "logs" / "trainer.log"
@@ -227,20 +234,17 @@ def run_job() -> None:
     while True:
         show_row(rows)
         status = job_status()
-        phase = status.get("phase")
-        if phase in ("Succeeded", "Failed"):
+        if status.get("phase") in ("Succeeded", "Failed"):
             break
-        checkpoint = (status.get("lastCheckpoint") or {}).get("step", 0)
-        if (
-            not killed
-            and status.get("restartCount", 0) == 0
-            and checkpoint >= KILL_AFTER_CHECKPOINT_STEP
-        ):
-            say(f"midway: last checkpoint at step {checkpoint}")
+        # The trainer's own log says at once when a checkpoint is saved.
+        first_gang = trainer_events(f"{JOB}-master-0", "checkpoint")[:1]
+        saved = max((e["step"] for e in first_gang[0]), default=0) if first_gang else 0
+        if not killed and saved >= KILL_AFTER_CHECKPOINT_STEP:
+            say(f"midway: checkpoint saved at step {saved}")
             kill_a_worker_rank()
             killed = True
             say("the operator sees the failed pod and restarts the whole gang:")
-        time.sleep(2)
+        time.sleep(0.5)
     report(status)
 
 
@@ -334,10 +338,13 @@ def main() -> None:
     print(f"    checkpoints:  {claim}")
     for path in sorted(claim.glob("*"))[:10]:
         print(f"                  {path.name}")
-    print(
-        f"    Prometheus:   {running.url}  (try: torchfleet_train_loss, "
-        "torchfleet_train_tokens_per_second, torchfleet_operator_jobs)"
-    )
+    print(f"    Prometheus:   {running.url}  (HTTP API: /api/v1/query?query=...)")
+    for query in (
+        f'torchfleet_train_loss{{torchfleet_dev_job_name="{JOB}"}}',
+        f'torchfleet_train_tokens_per_second{{torchfleet_dev_job_name="{JOB}"}}',
+        "torchfleet_operator_jobs",
+    ):
+        print(f"                  {query}")
     print(f"    logs:         {STATE}/agent/pods/<namespace>_<pod>_<uid>/logs/")
     if not args.down_after:
         print(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -79,6 +80,10 @@ class PodRunner:
         """Builds the sandbox and starts the first container; a pod this node
         cannot run is marked failed with a message naming the field."""
         self.pod_dir.mkdir(parents=True, exist_ok=True)
+        # The pod as it was started, and when: tools order a pod's runs by it
+        # (a gang restart reuses pod names).
+        (self.pod_dir / "pod.json").write_text(json.dumps(self.pod, indent=1))
+        (self.pod_dir / "started").write_text(f"{time.time_ns()}\n")
         (self.pod_dir / "logs").mkdir(exist_ok=True)
         workdir = self.pod_dir / "workdir"
         workdir.mkdir(exist_ok=True)
