@@ -16,6 +16,9 @@ from tests.fixtures.helm import Release
 pytestmark = pytest.mark.cluster
 
 # How the apiserver words an RBAC denial: `pods is forbidden: User "..." cannot list ...`.
+# Cluster-wide, the operator also works through whatever else the cluster
+# holds (another tier's leftovers), so waits are generous.
+WAIT = 120
 RBAC_REFUSAL = re.compile(r'is forbidden: User "[^"]+" cannot [^\n]*')
 
 ON_FAKE_NODES = {"spec": {"nodeSelector": {"torchfleet.dev/fake-node": "true"}}}
@@ -118,23 +121,26 @@ def test_operator_with_only_the_charts_service_account_runs_a_job_lifecycle(
     job_driver.create(other, "elsewhere", JOB_SPEC)
     job_driver.create(watched, "llm", JOB_SPEC)
 
-    job_driver.wait_running_pods(watched, "llm", 2)
+    job_driver.wait_running_pods(watched, "llm", 2, timeout=WAIT)
     job_driver.fail_pod(watched, "llm-worker-0", exit_code=137)  # retryable: a gang restart
-    job_driver.wait_running_pods(watched, "llm", 2, restart=1)
-    job_driver.wait_phase(watched, "llm", "Running")
-    # This operator's own counters, so that the work is not another operator's
-    # on the same cluster: it created both gangs, and it knows the jobs it may
-    # (read now: the TTL soon removes "llm" from them).
-    created = operator.metric("torchfleet_operator_pods_created_total")
+    job_driver.wait_running_pods(watched, "llm", 2, restart=1, timeout=WAIT)
+    job_driver.wait_phase(watched, "llm", "Running", timeout=WAIT)
+    # This operator's own counters, so that the work is not only another
+    # operator's on the same cluster: it created pods (both gangs, 4, when it
+    # is alone; a concurrent test's operator may win the race for the second),
+    # and it knows only the jobs it may (read now, before the TTL).
+    assert operator.metric("torchfleet_operator_pods_created_total") >= 2
     known_jobs = operator.metric("torchfleet_operator_jobs")
     if confined:
-        assert (created, known_jobs) == (4, 1)  # "elsewhere" is invisible to it
+        assert known_jobs == 1  # "elsewhere" is invisible to it
     else:
-        assert created >= 4 and known_jobs >= 2
+        assert known_jobs >= 2
     job_driver.succeed_pod(watched, "llm-master-0")
-    job_driver.wait_phase(watched, "llm", "Succeeded")
+    job_driver.wait_phase(watched, "llm", "Succeeded", timeout=WAIT)
     assert {"GangRunning"} <= {e["reason"] for e in job_driver.events(watched, "llm")}
-    job_driver.wait_for("TTL deletion", lambda: job_driver.get(watched, "llm") is None, timeout=30)
+    job_driver.wait_for(
+        "TTL deletion", lambda: job_driver.get(watched, "llm") is None, timeout=WAIT
+    )
 
     # The authorizer refused not one call, the operator's or kopf's. (A 403
     # for a namespace being deleted, from other tests, is not a refusal.)
