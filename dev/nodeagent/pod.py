@@ -93,6 +93,9 @@ class PodRunner:
         hostname = spec.get("hostname") or self.pod["metadata"]["name"]
         self.sandbox = runtime.PodSandbox(self.pod_dir, self.net.netns_path, hostname, ip)
         (self.pod_dir / "hostname").write_text(hostname + "\n")
+        host_nss = Path("/etc/nsswitch.conf")
+        nss = host_nss.read_text() if host_nss.exists() else ""
+        (self.pod_dir / "nsswitch.conf").write_text(runtime.files_only_nsswitch(nss))
         self.sandbox.write_hosts(hosts_content(ip))
         try:
             self.init_runs = self._runs(spec.get("initContainers") or [], str(workdir))

@@ -5,7 +5,7 @@ package on the path) as
 ``nsenter --net=<pod netns> unshare --mount --uts --pid --fork --mount-proc
 --propagation private python podinit.py <launch.json>``. In that private mount
 namespace it mounts the pod's volumes over their mount paths and the pod's own
-/etc/hosts and /etc/hostname, sets the hostname, then starts the container's
+/etc/hosts, /etc/hostname and /etc/nsswitch.conf, sets the hostname, then starts the container's
 command. As PID 1 it forwards termination signals to the command (a process
 without handlers ignores them as PID 1, as in any container, which is why
 runtimes put an init like this in front) and reaps orphans. When it exits, the
@@ -61,8 +61,8 @@ def run(plan: dict[str, Any]) -> int:
     socket.sethostname(plan["hostname"])
     for mount in plan["mounts"]:
         apply_mount(mount)
-    for name in ("hosts", "hostname"):
-        apply_mount({"source": plan[f"{name}_file"], "target": f"/etc/{name}"})
+    for name in ("hosts", "hostname", "nsswitch.conf"):
+        apply_mount({"source": plan["etc_files"][name], "target": f"/etc/{name}"})
     os.chdir(plan["working_dir"])
     try:
         child = subprocess.Popen(plan["argv"], env=plan["env"])

@@ -103,6 +103,23 @@ class PodSandbox:
             f.write(content)
 
 
+def files_only_nsswitch(host_config: str) -> str:
+    """The machine's nsswitch.conf with host names looked up in files only.
+
+    The pod's /etc/hosts plays cluster DNS. The machine's DNS server is not
+    reachable from the pod network, so a name missing from the file (such as
+    the reverse lookups torch.distributed makes of every peer) would wait out
+    the resolver's timeouts, ten seconds each, instead of failing at once.
+    """
+    lines = [
+        "hosts:          files" if line.startswith("hosts:") else line
+        for line in host_config.splitlines()
+    ]
+    if not any(line.startswith("hosts:") for line in lines):
+        lines.append("hosts:          files")
+    return "\n".join(lines) + "\n"
+
+
 def prepare_mountpoint(mount: Mount) -> bool:
     """Makes sure the mount target exists on the machine; True if it was
     created here (the agent removes such empty directories when it stops)."""
@@ -122,8 +139,11 @@ def start_container(sandbox: PodSandbox, run: ContainerRun) -> None:
     plan = asdict(run.launch)
     plan.update(
         hostname=sandbox.hostname,
-        hosts_file=str(sandbox.hosts_file),
-        hostname_file=str(sandbox.pod_dir / "hostname"),
+        etc_files={
+            "hosts": str(sandbox.hosts_file),
+            "hostname": str(sandbox.pod_dir / "hostname"),
+            "nsswitch.conf": str(sandbox.pod_dir / "nsswitch.conf"),
+        },
     )
     run.plan_path.write_text(json.dumps(plan))
     argv = [

@@ -8,7 +8,7 @@ import pytest
 
 from tests.fixtures import e2e  # noqa: F401  (puts dev/ on the path)
 
-from nodeagent import podspec  # isort: skip
+from nodeagent import podspec, runtime  # isort: skip
 from nodeagent.hosts import PeerAddress, peer_from_pod, render_hosts  # isort: skip
 from nodeagent.pod import phase_of  # isort: skip
 
@@ -229,3 +229,11 @@ def test_terminating_and_finished_pods_give_up_their_names():
 )
 def test_phase_follows_exit_codes_and_restart_policy(policy, codes, initialized, phase):
     assert phase_of(policy, codes, initialized) == phase
+
+
+def test_pods_resolve_host_names_from_files_only():
+    host = "passwd:         files\nhosts:          files dns myhostname\nnetworks:       files\n"
+    assert runtime.files_only_nsswitch(host) == (
+        "passwd:         files\nhosts:          files\nnetworks:       files\n"
+    )
+    assert "hosts:          files" in runtime.files_only_nsswitch("passwd: files\n")
