@@ -71,6 +71,8 @@ def test_pod_monitor_selects_the_pods_the_operator_builds(helm: Helm) -> None:
         assert expression["operator"] == "Exists" and expression["key"] in labels
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
     assert endpoint["port"] == "metrics"  # the trainer container's named port
+    # The dashboard and alerts group training series by job.
+    assert {r["targetLabel"] for r in endpoint["relabelings"]} >= {"job_name"}
     for relabel in endpoint["relabelings"]:
         (source,) = relabel["sourceLabels"]
         pod_label = source.removeprefix("__meta_kubernetes_pod_label_")
@@ -96,9 +98,7 @@ def referenced_metrics(objects: list[dict[str, Any]]) -> set[str]:
 
 def test_alerts_and_dashboard_use_only_series_the_code_exposes(helm: Helm) -> None:
     assert operator_metrics.JOBS  # the operator's series live in the default registry
-    exposed = exposed_series(prometheus_client.REGISTRY) | exposed_series(
-        TrainMetrics("job").registry
-    )
+    exposed = exposed_series(prometheus_client.REGISTRY) | exposed_series(TrainMetrics().registry)
     referenced = referenced_metrics(helm.template([MONITORING]))
     assert referenced, "no torchfleet series referenced at all"
     assert referenced <= exposed, f"not exposed by any code: {sorted(referenced - exposed)}"
