@@ -18,7 +18,8 @@ from prometheus_client import CollectorRegistry
 
 from tests.fixtures.helm import CI_VALUES, Helm, find_object, find_objects
 from torchfleet_operator import metrics as operator_metrics
-from torchfleet_operator.build.labels import pod_labels
+from torchfleet_operator.api.parse import parse_spec
+from torchfleet_operator.build.pods import build_pod
 from torchfleet_trainer.metrics import TrainMetrics
 
 MONITORING = CI_VALUES / "monitoring-values.yaml"
@@ -64,13 +65,16 @@ def test_service_monitor_scrapes_the_operator_metrics_service(helm: Helm) -> Non
 
 def test_pod_monitor_selects_the_pods_the_operator_builds(helm: Helm) -> None:
     monitor = find_object(helm.template([MONITORING]), "PodMonitor")
-    labels = pod_labels("gpt", "worker", node_rank=3, restart=1)
+    spec = parse_spec({"worker": {"replicas": 2}})
+    pod = build_pod("gpt", "ml", "uid-1", spec, node_rank=2, restart=1, default_image="trainer")
+    labels = pod["metadata"]["labels"]
+    ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
     selector = monitor["spec"]["selector"]
     assert selector["matchLabels"].items() <= labels.items()
     for expression in selector["matchExpressions"]:
         assert expression["operator"] == "Exists" and expression["key"] in labels
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
-    assert endpoint["port"] == "metrics"  # the trainer container's named port
+    assert endpoint["port"] in ports
     # The dashboard and alerts group training series by job.
     assert {r["targetLabel"] for r in endpoint["relabelings"]} >= {"job_name"}
     for relabel in endpoint["relabelings"]:
