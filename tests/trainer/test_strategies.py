@@ -5,7 +5,8 @@ runs many layouts back to back (see strategy_worker.py). The reference is the
 plain model trained in a single process with no parallelism applied. All runs
 are fp32 on the same global batches; equality is checked per step on the loss
 and on the global gradient norm, which also catches gradients scaled by the
-world size (AdamW alone would hide that).
+world size (AdamW alone would hide that), and on the validation loss after
+the last step (the forward-only path, pipeline schedules' eval included).
 """
 
 from __future__ import annotations
@@ -56,7 +57,9 @@ def base(data: Path, arch: str = "llama") -> list[str]:
         "data.seqLen=16",
         f"training.steps={STEPS}",
         "training.globalBatchSize=8",
-        "training.evalInterval=0",
+        # One evaluation, after the last step, checked like the losses.
+        f"training.evalInterval={STEPS}",
+        "training.evalBatches=1",
         "optimizer.lr=0.01",
         "optimizer.gradClip=1.0",
         "schedule.warmupSteps=2",
@@ -203,6 +206,8 @@ def assert_same_steps(run: dict[str, Any], reference: dict[str, Any], steps: ran
         assert math.isclose(norm, expected_norm, rel_tol=GRAD_NORM_REL_TOL), (
             f"step {step}: grad norm {norm} != {expected_norm}"
         )
+    final = str(STEPS)
+    assert abs(run["eval"][final] - reference["eval"][final]) <= LOSS_TOL, "validation loss"
 
 
 def test_reference_learns(four_rank: dict[str, Any]) -> None:

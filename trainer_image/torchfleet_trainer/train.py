@@ -190,7 +190,6 @@ class Trainer:
             dims.dp_rank if dims else 0,
             self.dp_degree,
         )
-        self.micro_batch = training.global_batch_size // training.grad_accum_steps
         self.stop = StopFlag()
         ckpt_dir = resolve_checkpoint_dir(config)
         self.checkpointer = (
@@ -268,9 +267,12 @@ class Trainer:
                 batch_targets.chunk(cfg.grad_accum_steps),
                 strict=True,
             )
-            for inputs, targets in chunks:
+            for index, (inputs, targets) in enumerate(chunks):
+                last = index == cfg.grad_accum_steps - 1
                 with self.autocast():
-                    micro = self.model.forward_backward(inputs, targets, 1 / cfg.grad_accum_steps)
+                    micro = self.model.forward_backward(
+                        inputs, targets, 1 / cfg.grad_accum_steps, sync_grads=last
+                    )
                 loss += micro / cfg.grad_accum_steps
             grad_norm = clip_grad_norm(self.model, self.config.optimizer.grad_clip, self.runtime)
             for opt in self.optimizers:
@@ -323,12 +325,14 @@ class Trainer:
         saved_position = self.sampler.position["val"]
         self.sampler.position["val"] = 0
         total = 0.0
+        accum = self.config.training.grad_accum_steps
         for _ in range(self.config.training.eval_batches):
-            inputs, targets = self._batch("val", self.micro_batch)
-            with self.autocast():
-                total += mean_over_data_parallel(
-                    self.model.eval_loss(inputs, targets), self.runtime
-                )
+            # Global-batch-sized, in the same chunks as training to bound memory.
+            batch = self._batch("val", self.config.training.global_batch_size)
+            for inputs, targets in zip(batch[0].chunk(accum), batch[1].chunk(accum), strict=True):
+                with self.autocast():
+                    chunk_loss = self.model.eval_loss(inputs, targets)
+                total += mean_over_data_parallel(chunk_loss, self.runtime) / accum
         self.sampler.position["val"] = saved_position
         self.model.train(True)
         loss = total / self.config.training.eval_batches

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 from torchfleet_trainer.config import ConfigError, TrainConfig
@@ -47,11 +48,19 @@ class ParallelModel:
             part.train(mode)
 
     def forward_backward(
-        self, inputs: torch.Tensor, targets: torch.Tensor, scale: float
+        self, inputs: torch.Tensor, targets: torch.Tensor, scale: float, sync_grads: bool = True
     ) -> torch.Tensor:
         """Accumulates gradients of ``scale * mean loss``; returns the unscaled loss
-        (zero on pipeline ranks without the last stage)."""
+        (zero on pipeline ranks without the last stage).
+
+        ``sync_grads=False`` (all but the last gradient-accumulation micro-step)
+        lets FSDP keep unsharded gradients locally instead of reduce-scattering
+        every micro-step.
+        """
         if self.schedule is None:
+            for part in self.parts:
+                if isinstance(part, FSDPModule):
+                    part.set_requires_gradient_sync(sync_grads)
             loss = cross_entropy(self.parts[0](inputs), targets)
             (loss * scale).backward()
             return loss.detach()
