@@ -116,6 +116,27 @@ def _volumes(spec: TrainingJobSpec, job: str) -> list[dict[str, Any]]:
     return volumes
 
 
+def _gang_affinity(
+    job: str, spec: TrainingJobSpec, template_affinity: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """scheduling.topology: pack the gang into one domain of ``key``, added to the
+    template's own affinity (Required is a hard podAffinity, Preferred a weighted one)."""
+    topology = spec.scheduling.topology
+    affinity = copy.deepcopy(template_affinity) if template_affinity else None
+    if topology is None:
+        return affinity
+    affinity = affinity or {}
+    term = {"labelSelector": {"matchLabels": labels.job_selector(job)}, "topologyKey": topology.key}
+    pod_affinity = affinity.setdefault("podAffinity", {})
+    if topology.mode == "Required":
+        pod_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append(term)
+    else:
+        pod_affinity.setdefault("preferredDuringSchedulingIgnoredDuringExecution", []).append(
+            {"weight": 100, "podAffinityTerm": term}
+        )
+    return affinity
+
+
 def _merge_volumes(
     ours: list[dict[str, Any]], theirs: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
@@ -157,6 +178,9 @@ def build_pod(
         pod_spec["hostNetwork"] = True
         pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
     pod_spec.update(template_spec)
+    affinity = _gang_affinity(job, spec, template_spec.get("affinity"))
+    if affinity:
+        pod_spec["affinity"] = affinity
     pod_spec["volumes"] = _merge_volumes(_volumes(spec, job), template_spec.get("volumes") or [])
     pod_spec["containers"] = [_merge_container(ours, theirs), *sidecars]
     # Identity: the gang depends on these, so no template may change them.

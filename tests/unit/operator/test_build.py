@@ -161,3 +161,37 @@ def test_pod_group_asks_for_the_whole_gang(kind, api_version):
     group = podgroup.pod_group("llm", "team", "uid-1", parsed.spec)
     assert group is not None
     assert group["apiVersion"] == api_version and group["spec"]["minMember"] == 8
+
+
+@pytest.mark.parametrize(
+    ("mode", "field"),
+    [
+        ("Required", "requiredDuringSchedulingIgnoredDuringExecution"),
+        ("Preferred", "preferredDuringSchedulingIgnoredDuringExecution"),
+    ],
+)
+def test_topology_packs_the_gang_and_keeps_the_templates_affinity(mode, field):
+    node_affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h100"]}]}
+                ]
+            }
+        }
+    }
+    pod = render(
+        {
+            "scheduling": {"topology": {"key": "topology.kubernetes.io/zone", "mode": mode}},
+            "worker": {"replicas": 2, "template": {"spec": {"affinity": node_affinity}}},
+        },
+        rank=1,
+    )
+    affinity = pod["spec"]["affinity"]
+    assert affinity["nodeAffinity"] == node_affinity["nodeAffinity"]
+    (term,) = affinity["podAffinity"][field]
+    term = term.get("podAffinityTerm", term)
+    assert term == {
+        "labelSelector": {"matchLabels": {"torchfleet.dev/job-name": "llm"}},
+        "topologyKey": "topology.kubernetes.io/zone",
+    }
