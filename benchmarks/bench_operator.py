@@ -230,6 +230,9 @@ def operator_run(
         env={
             "TORCHFLEET_OPERATOR_LOG_LEVEL": "WARNING",
             "TORCHFLEET_OPERATOR_API_CONCURRENCY": str(CONCURRENCY),
+            # Production defaults, not the tests' short ones (KWOK pods have no
+            # /metrics: the progress poller's failed attempts are part of the cost).
+            "TORCHFLEET_OPERATOR_PROGRESS_INTERVAL_SECONDS": "15",
         },
         namespaces=[namespace],
     )

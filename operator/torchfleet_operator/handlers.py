@@ -150,4 +150,6 @@ async def service_changed(namespace: str | None, labels: kopf.Labels, memo: Any,
     _controller(memo).enqueue(_key(namespace, labels[JOB_NAME_LABEL]))
 
 
+# Per-object and per-probe INFO lines would dominate the log at scale.
 logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+logging.getLogger("kopf.activities.probe").setLevel(logging.WARNING)
