@@ -87,6 +87,22 @@ test-trainer: venv ## tier 3: multi-process torch.distributed on CPU
 test-e2e: venv deps cluster-build prometheus-build ## tier 4: training through the operator on this machine
 	$(PY) -m pytest tests/e2e
 
+.PHONY: test-helm
+test-helm: venv cluster-build ## chart: render/lint/schema tests, install/uninstall and the RBAC proof
+	$(PY) -m pytest tests/unit/helm tests/cluster/test_helm_install.py tests/cluster/test_helm_rbac.py
+
+.PHONY: test-images
+test-images: venv ## static image checks + replay of the Dockerfiles' install steps in clean venvs
+	$(PY) -m pytest tests/images
+
+.PHONY: lint-images
+lint-images: venv ## hadolint both Dockerfiles
+	$(VENV)/bin/hadolint Dockerfile trainer_image/Dockerfile
+
+.PHONY: lock
+lock: venv ## regenerate the images' hash-pinned dependency locks
+	requirements/lock.sh
+
 .PHONY: test-gpu
 test-gpu: venv ## tier 5: GPU checks (skip without CUDA)
 	$(PY) -m pytest -m gpu tests
