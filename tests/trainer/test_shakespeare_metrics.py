@@ -23,6 +23,7 @@ STEPS = 150
 VAL_LOSS_THRESHOLD = 2.6
 SERIES = [
     "torchfleet_train_step",
+    "torchfleet_train_total_steps",
     "torchfleet_train_loss",
     "torchfleet_train_learning_rate",
     "torchfleet_train_tokens_per_second",
@@ -31,6 +32,7 @@ SERIES = [
     "torchfleet_train_gpu_memory_bytes",
     "torchfleet_checkpoint_save_seconds_count",
     "torchfleet_checkpoint_load_seconds",
+    "torchfleet_checkpoint_step",
 ]
 
 
@@ -65,15 +67,18 @@ def test_char_shakespeare_learns_and_serves_metrics(tmp_path: Path, shakespeare_
     }
     trainer = TrainerProcess([], {contract.TRAIN_CONFIG: json.dumps(config)})
     port = trainer.wait_for(lambda e: e["event"] == "metrics", timeout=120)["port"]
-    trainer.wait_for(lambda e: e["event"] == "checkpoint", timeout=240)
+    # After the async save at step 50 and before the next at 100.
+    trainer.wait_for(lambda e: e["event"] == "step" and e["step"] >= 90, timeout=240)
 
     samples = scrape(port)
     for series in SERIES:
         assert any(name.split("{")[0] == series for name in samples), f"{series} missing"
-    assert samples["torchfleet_train_step"] >= 50
+    assert samples["torchfleet_train_step"] >= 90
+    assert samples["torchfleet_train_total_steps"] == STEPS
     assert 0 < samples["torchfleet_train_loss"] < 4.5
-    assert samples["torchfleet_train_step_seconds_count"] >= 50
+    assert samples["torchfleet_train_step_seconds_count"] >= 90
     assert samples["torchfleet_checkpoint_save_seconds_count"] >= 1
+    assert samples["torchfleet_checkpoint_step"] == 50
     assert samples["torchfleet_train_mfu_ratio"] > 0
 
     assert trainer.finish(timeout=400) == 0, trainer.stderr[-3000:]

@@ -19,7 +19,7 @@ import json
 import re
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +88,7 @@ class PendingSave:
     step: int
     partial: Path
     future: Future[Any]
+    finalized: bool = False
 
 
 class Checkpointer:
@@ -99,6 +100,7 @@ class Checkpointer:
         config: CheckpointConfig,
         parts: list[nn.Module],
         optimizers: Sequence[Optimizer],
+        on_complete: Callable[[int], None] | None = None,
     ) -> None:
         self.root = root
         self.config = config
@@ -106,6 +108,8 @@ class Checkpointer:
         self.optimizers = optimizers
         self.is_rank0 = dist.get_rank() == 0
         self.pending: PendingSave | None = None
+        # Told the step of each checkpoint once it is complete (for metrics).
+        self.on_complete = on_complete
         # Async saves run collectives from a background thread; a gloo group
         # of their own keeps them apart from the training collectives.
         self.async_group: Any = dist.new_group(backend="gloo") if config.async_save else None
@@ -140,6 +144,16 @@ class Checkpointer:
             self._finalize(step, partial)
         return time.perf_counter() - start
 
+    def poll(self) -> None:
+        """Marks an async save complete as soon as rank 0's part is done, without
+        blocking: rank 0 writes the metadata only after every rank reported its
+        shards written, so its future finishing means the whole save is on disk."""
+        pending = self.pending
+        if pending and self.is_rank0 and not pending.finalized and pending.future.done():
+            pending.future.result()  # re-raises a failed save
+            self._finalize(pending.step, pending.partial)
+            pending.finalized = True
+
     def wait(self) -> None:
         """Blocks until an async save in flight is written and marked."""
         if self.pending is None:
@@ -147,7 +161,8 @@ class Checkpointer:
         pending, self.pending = self.pending, None
         pending.future.result()
         dist.barrier()
-        self._finalize(pending.step, pending.partial)
+        if not pending.finalized:
+            self._finalize(pending.step, pending.partial)
 
     def _finalize(self, step: int, partial: Path) -> None:
         if self.is_rank0:
@@ -157,6 +172,8 @@ class Checkpointer:
             shutil.rmtree(final, ignore_errors=True)
             partial.rename(final)
             prune(self.root, self.config.keep_last)
+        if self.on_complete:
+            self.on_complete(step)
 
     def load_latest(self, train_state: dict[str, Any]) -> tuple[int, float] | None:
         """Loads the newest complete checkpoint into the parts, optimizers and

@@ -25,6 +25,7 @@ class TrainMetrics:
             return Gauge(name, doc, registry=self.registry)
 
         self.step = gauge("torchfleet_train_step", "Last completed optimizer step.")
+        self.total_steps = gauge("torchfleet_train_total_steps", "Steps this run trains for.")
         self.loss = gauge("torchfleet_train_loss", "Training loss of the last logged step.")
         self.eval_loss = gauge("torchfleet_train_eval_loss", "Validation loss, last evaluation.")
         self.learning_rate = gauge("torchfleet_train_learning_rate", "Current learning rate.")
@@ -48,6 +49,9 @@ class TrainMetrics:
             "Time the loop was blocked saving a checkpoint.",
             buckets=CHECKPOINT_BUCKETS,
             registry=self.registry,
+        )
+        self.checkpoint_step = gauge(
+            "torchfleet_checkpoint_step", "Step of the newest complete checkpoint."
         )
         self.checkpoint_load_seconds = gauge(
             "torchfleet_checkpoint_load_seconds", "Time taken to load the resumed checkpoint."

@@ -193,7 +193,13 @@ class Trainer:
         self.stop = StopFlag()
         ckpt_dir = resolve_checkpoint_dir(config)
         self.checkpointer = (
-            Checkpointer(Path(ckpt_dir), config.checkpoint, self.model.parts, self.optimizers)
+            Checkpointer(
+                Path(ckpt_dir),
+                config.checkpoint,
+                self.model.parts,
+                self.optimizers,
+                on_complete=metrics.checkpoint_step.set if metrics else None,
+            )
             if config.checkpoint.enabled and ckpt_dir and runtime.dims is not None
             else None
         )
@@ -242,12 +248,15 @@ class Trainer:
         self.sampler.load_state_dict(state)
         if self.metrics:
             self.metrics.checkpoint_load_seconds.set(seconds)
+            self.metrics.checkpoint_step.set(step)
         self.log("resumed", step=step, load_seconds=round(seconds, 4))
         return step
 
     def run(self) -> RunResult:
         cfg = self.config.training
         self.stop.install()
+        if self.metrics:
+            self.metrics.total_steps.set(cfg.steps)
         start = self.resume()
         result = RunResult("completed", start, start)
         self.model.train()
@@ -284,6 +293,8 @@ class Trainer:
             self._report(record)
             if cfg.eval_interval and (step % cfg.eval_interval == 0 or step == cfg.steps):
                 result.eval_losses[step] = self.evaluate(step)
+            if self.checkpointer:
+                self.checkpointer.poll()
             stopping = self.stop.agreed(self.runtime)
             if self._should_save(step, stopping):
                 self.save(step, final=stopping or step == cfg.steps)
