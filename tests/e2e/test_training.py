@@ -26,7 +26,8 @@ from tests.fixtures.e2e import LOCAL_PLACEMENT, REPO, NodeAgent, apply_objects
 
 from nodeagent import procs  # isort: skip  (dev/ is put on the path by the fixtures)
 
-pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
+# Bounds, not targets: ranks start slowly when the two cores are busy.
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.timeout(1200)]
 
 EXAMPLES = REPO / "examples"
 SHARED_CORPUS = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
@@ -154,11 +155,11 @@ def _run_with_a_killed_worker(
 
     # Midway: as soon as the trainer has saved step KILL_AFTER_STEP (read from
     # its log, which is faster than any status), kill one rank of the worker.
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + 540
     job = observe()
     while max(saved_steps(), default=0) < KILL_AFTER_STEP:
         assert job.get("status", {}).get("phase") not in ("Failed", "Succeeded"), job["status"]
-        assert time.monotonic() < deadline, f"no checkpoint in 300s: {job.get('status')}"
+        assert time.monotonic() < deadline, f"no checkpoint in 540s: {job.get('status')}"
         time.sleep(0.2)
         job = observe()
     ranks = procs.rank_processes(pod_uid(cluster, namespace, f"{name}-worker-0"))
@@ -166,9 +167,9 @@ def _run_with_a_killed_worker(
     procs.kill(ranks[0], signal.SIGKILL)
     checkpoint_at_kill = max(saved_steps())
 
-    deadline = time.monotonic() + 420
+    deadline = time.monotonic() + 540
     while job.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
-        assert time.monotonic() < deadline, f"not finished in 420s: {job.get('status')}"
+        assert time.monotonic() < deadline, f"not finished in 540s: {job.get('status')}"
         time.sleep(0.5)
         job = observe()
     master_logs = agent.logs(namespace, master, "trainer")
@@ -288,7 +289,7 @@ def test_bring_your_own_torchrun_script(cluster, e2e_namespace, node_agent, e2e_
     }
     apply_objects(cluster, namespace, config, byo_job("byo"))
     try:
-        job = wait_job(cluster, namespace, "byo", {"Succeeded", "Failed"}, timeout=240)
+        job = wait_job(cluster, namespace, "byo", {"Succeeded", "Failed"}, timeout=540)
         assert job["status"]["phase"] == "Succeeded"
     except AssertionError as error:
         raise AssertionError(
@@ -325,7 +326,7 @@ def test_parallel_examples_run_to_success(
     name = manifest["metadata"]["name"]
     apply_objects(cluster, namespace, manifest)
     try:
-        job = wait_job(cluster, namespace, name, {"Succeeded", "Failed"}, timeout=300)
+        job = wait_job(cluster, namespace, name, {"Succeeded", "Failed"}, timeout=540)
         assert job["status"]["phase"] == "Succeeded"
     except AssertionError as error:
         raise AssertionError(
