@@ -2,8 +2,9 @@
 
 The launcher starts two gloo ranks through PyTorch's elastic API, which
 forwards the signal; the ranks agree to stop at the next step boundary, save a
-complete checkpoint and exit 143. A single-process rerun (a different world
-size) resumes from exactly that step.
+complete checkpoint and exit at once (143), well inside the launcher's kill
+timeout. A rerun under another layout (FSDP over 2 ranks -> TP over 2 ranks)
+resumes from exactly that step and completes through the same launcher.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ def test_sigterm_saves_complete_checkpoint_and_resume_continues(tmp_path: Path) 
     trainer.wait_for(lambda e: e["event"] == "step" and e["step"] >= 3, timeout=240)
     trainer.proc.terminate()  # SIGTERM, as the kubelet sends it
     assert trainer.finish(timeout=120) == 143, trainer.stderr[-3000:]
+    # Workers left on their own after saving; none had to be killed.
+    assert "forcefully exiting" not in trainer.stderr, trainer.stderr[-3000:]
 
     (preempted,) = trainer.of("preempted")
     stopped_at = preempted["step"]
@@ -51,7 +54,10 @@ def test_sigterm_saves_complete_checkpoint_and_resume_continues(tmp_path: Path) 
     assert (step_dir(tmp_path / "ckpt", stopped_at) / MARKER).is_file()
     assert [e["step"] for e in trainer.of("checkpoint")] == [stopped_at]
 
-    resumed = TrainerProcess([f"training.steps={stopped_at + 2}", *MODEL], env)
+    resumed = TrainerProcess(
+        ["--nproc-per-node", "2", f"training.steps={stopped_at + 2}", "parallel.tensor=2", *MODEL],
+        env | {contract.MASTER_PORT: str(free_port())},
+    )
     assert resumed.finish(timeout=240) == 0, resumed.stderr[-3000:]
     assert [e["step"] for e in resumed.of("resumed")] == [stopped_at]
     assert [e["step"] for e in resumed.of("step")] == [stopped_at + 1, stopped_at + 2]

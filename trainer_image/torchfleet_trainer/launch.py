@@ -14,6 +14,7 @@ import sys
 from collections.abc import Mapping
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from torchfleet_trainer import contract
@@ -26,11 +27,6 @@ EXIT_CONFIG = 2
 EXIT_PREEMPTED = 143
 
 
-def _worker(config_json: str) -> str:
-    """Entry point of each process the elastic launcher starts."""
-    return run_worker(TrainConfig.model_validate_json(config_json)).status
-
-
 def launch(
     config: TrainConfig, nproc_per_node: int | None = None, env: Mapping[str, str] | None = None
 ) -> int:
@@ -39,14 +35,14 @@ def launch(
         pod = contract.PodContract.from_env(env)
         if contract.RANK in env and contract.WORLD_SIZE in env:
             config.check_world(int(env[contract.WORLD_SIZE]))
-            return _exit_code(run_worker(config).status)
+            return exit_code(run_worker(config).status)
         nproc = nproc_per_node or pod.nproc_per_node
         config.check_world(pod.nnodes * nproc)
     except (ConfigError, contract.ContractError) as err:
         print(f"torchfleet-train: {err}", file=sys.stderr)
         return EXIT_CONFIG
     if pod.nnodes * nproc == 1:
-        return _exit_code(run_worker(config).status)
+        return exit_code(run_worker(config).status)
     launch_config = LaunchConfig(
         min_nodes=pod.nnodes,
         max_nodes=pod.nnodes,
@@ -59,13 +55,17 @@ def launch(
         max_restarts=0,
         start_method="spawn",
     )
+    worker = ["-u", "-m", "torchfleet_trainer.worker", config.model_dump_json(by_alias=True)]
     try:
-        results = elastic_launch(launch_config, _worker)(config.model_dump_json(by_alias=True))
+        elastic_launch(launch_config, sys.executable)(*worker)
     except SignalException:
+        # Preempted: the workers got SIGTERM, saved and exited.
         return EXIT_PREEMPTED
-    statuses = set(results.values()) if results else {"completed"}
-    return EXIT_PREEMPTED if "preempted" in statuses else 0
+    except ChildFailedError as err:
+        codes = {failure.exitcode for failure in err.failures.values()}
+        return EXIT_PREEMPTED if codes == {EXIT_PREEMPTED} else 1
+    return 0
 
 
-def _exit_code(status: str) -> int:
+def exit_code(status: str) -> int:
     return EXIT_PREEMPTED if status == "preempted" else 0
