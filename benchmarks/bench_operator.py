@@ -103,14 +103,23 @@ class PodWatch:
     stop: threading.Event = field(default_factory=threading.Event)
 
     def run(self, raw: RawApi, namespace: str) -> None:
+        """Watches until stopped; a stream the apiserver closes (slow consumer,
+        timeout) is resumed from the last resourceVersion, or relisted."""
+        resource_version: str | None = None
+        while not self.stop.is_set():
+            try:
+                resource_version = self._stream(raw, namespace, resource_version)
+            except Exception:  # connection reset under load: resume
+                time.sleep(0.2)
+
+    def _stream(self, raw: RawApi, namespace: str, resource_version: str | None) -> str | None:
+        query = [("watch", "true"), ("labelSelector", "bench-job"), ("timeoutSeconds", "600")]
+        if resource_version:
+            query.append(("resourceVersion", resource_version))
         _, url, headers, _, _ = raw.api.param_serialize(
             "GET",
             f"/api/v1/namespaces/{namespace}/pods",
-            query_params=[
-                ("watch", "true"),
-                ("labelSelector", "bench-job"),
-                ("allowWatchBookmarks", "false"),
-            ],
+            query_params=query,
             header_params={"Accept": "application/json"},
             auth_settings=["BearerToken"],
         )
@@ -118,16 +127,24 @@ class PodWatch:
             "GET", url, headers=headers, preload_content=False, timeout=None
         )
         buffer = b""
-        for chunk in response.stream(64 * 1024):
-            if self.stop.is_set():
-                break
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            now = time.monotonic()
-            for line in lines:
-                if line.strip():
-                    self._record(json.loads(line)["object"], now)
-        response.release_conn()
+        try:
+            for chunk in response.stream(64 * 1024):
+                if self.stop.is_set():
+                    break
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                now = time.monotonic()
+                for line in lines:
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    if event["type"] == "ERROR":  # e.g. 410 Gone: relist from scratch
+                        return None
+                    self._record(event["object"], now)
+                    resource_version = event["object"]["metadata"]["resourceVersion"]
+        finally:
+            response.release_conn()
+        return resource_version
 
     def _record(self, pod: dict[str, Any], now: float) -> None:
         meta = pod.get("metadata") or {}
