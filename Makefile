@@ -80,8 +80,8 @@ test-cluster: venv cluster-build ## tier 2: the real control plane with KWOK
 	$(PY) -m pytest tests/cluster
 
 .PHONY: test-trainer
-test-trainer: venv ## tier 3: multi-process torch.distributed on CPU
-	$(PY) -m pytest tests/trainer
+test-trainer: venv ## tier 3: multi-process torch.distributed on CPU (+ trainer unit tests)
+	$(PY) -m pytest tests/unit/trainer tests/trainer
 
 .PHONY: test-e2e
 test-e2e: venv deps cluster-build prometheus-build ## tier 4: training through the operator on this machine
@@ -124,8 +124,10 @@ bench-operator: venv cluster-build ## operator vs. bare client at N jobs (JOBS=1
 	$(PY) benchmarks/bench_operator.py --jobs $${JOBS:-100}
 
 .PHONY: bench-trainer
-bench-trainer: venv ## trainer throughput and time-to-loss (GPU recipe; --quick on CPU)
-	$(PY) benchmarks/bench_trainer.py $${BENCH_ARGS:-}
+bench-trainer: venv ## nanoGPT recipe + 1B Llama tokens/s and MFU on a GPU; a quick CPU run without one
+	if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; \
+	then $(PY) benchmarks/bench_trainer.py --device cuda $${BENCH_ARGS:-}; \
+	else $(PY) benchmarks/bench_trainer.py --device cpu --quick $${BENCH_ARGS:-}; fi
 
 .PHONY: clean
 clean: cluster-down ## remove the venv and cluster state (keeps the binary cache)
