@@ -375,6 +375,8 @@ def main() -> int:
                 results[name] = operator_run(raw, kubeconfig, namespace, args.jobs, args.timeout)
         finally:
             delete_namespace(kubectl, namespace)
+    # The fake nodes go too (KWOK keeps heart-beating them otherwise).
+    kubectl("delete", "nodes", "-l", "torchfleet.dev/bench-node=true", "--wait=false")
     base, op = results["baseline"], results["operator"]
     results["ratio_operator_vs_baseline"] = {
         "pods_created_per_s": op["pods_created_per_s"] / base["pods_created_per_s"],
