@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -212,7 +213,6 @@ def trainer_events(pod: str, kind: str) -> list[list[dict[str, Any]]]:
 
 
 def run_job() -> None:
-    kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true")
     kubectl("create", "namespace", NAMESPACE)
     corpus_dir = STATE / "agent" / "volumes" / NAMESPACE / "shakespeare-corpus"
     corpus_dir.mkdir(parents=True, exist_ok=True)
@@ -236,9 +236,10 @@ def run_job() -> None:
         status = job_status()
         if status.get("phase") in ("Succeeded", "Failed"):
             break
-        # The trainer's own log says at once when a checkpoint is saved.
-        first_gang = trainer_events(f"{JOB}-master-0", "checkpoint")[:1]
-        saved = max((e["step"] for e in first_gang[0]), default=0) if first_gang else 0
+        # The trainer's own log (of the current master) says at once when a
+        # checkpoint is saved.
+        current = trainer_events(f"{JOB}-master-0", "checkpoint")[-1:]
+        saved = max((e["step"] for e in current[0]), default=0) if current else 0
         if not killed and saved >= KILL_AFTER_CHECKPOINT_STEP:
             say(f"midway: checkpoint saved at step {saved}")
             kill_a_worker_rank()
@@ -303,6 +304,8 @@ def main() -> None:
     if not KUBECONFIG.exists():
         raise SystemExit("no cluster: run `make cluster-up` first")
     down()
+    # A fresh start: the previous demo's pod logs and volumes would read as this run's.
+    shutil.rmtree(STATE, ignore_errors=True)
     say("Prometheus with Kubernetes service discovery (built once, then cached)")
     binary = prom.prometheus_binary()
     print(f"    {binary}")
@@ -312,6 +315,8 @@ def main() -> None:
     wait_for("node agent", nodes_ready, 60, agent)
     print(kubectl("get", "nodes", "-l", "torchfleet.dev/local-node=true"), end="")
 
+    # An earlier demo's job goes before the operator starts, so it never sees it.
+    kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true")
     say("operator (torchfleet-operator) with the CRD applied")
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
     metrics_port, health_port = free_port(), free_port()
