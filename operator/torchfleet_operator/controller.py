@@ -61,10 +61,17 @@ def _first(collection: Iterable[Any] | None) -> Any:
 
 
 class Controller:
-    def __init__(self, config: OperatorConfig, executor: Executor, default_image: str) -> None:
+    def __init__(
+        self,
+        config: OperatorConfig,
+        executor: Executor,
+        default_image: str,
+        default_shm_size: str | None = None,
+    ) -> None:
         self.config = config
         self.executor = executor
         self.default_image = default_image
+        self.default_shm_size = default_shm_size
         self.caches = Caches()
         self.queue: WorkQueue[JobKey] = WorkQueue()
         self.phases: metrics.PhaseTracker[JobKey] = metrics.PhaseTracker()
@@ -213,7 +220,15 @@ class Controller:
         uid = body["metadata"].get("uid", "")
         current = self._last_status.get(uid, body.get("status") or {})
         now = datetime.now(UTC)
-        decided = plan(body, snapshot.observed, now, self.config, current, self.default_image)
+        decided = plan(
+            body,
+            snapshot.observed,
+            now,
+            self.config,
+            current,
+            self.default_image,
+            self.default_shm_size,
+        )
         result = self.executor.execute(namespace, body, decided)
         self._remember(key, decided, result.created_pods)
         for manifest in decided.create:

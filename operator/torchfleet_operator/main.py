@@ -63,6 +63,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="image of pods whose job sets no spec.image",
     )
     parser.add_argument(
+        "--default-shm-size",
+        default=os.environ.get("TORCHFLEET_OPERATOR_DEFAULT_SHM_SIZE") or None,
+        help="size of /dev/shm for jobs that set no spec.resources.shmSize "
+        "(a quantity, e.g. 16Gi); unset: bounded only by the pod's memory limit",
+    )
+    parser.add_argument(
         "--log-level", default=os.environ.get("TORCHFLEET_OPERATOR_LOG_LEVEL", "INFO")
     )
     return parser.parse_args(argv)
@@ -86,7 +92,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # kopf's own client reads the same kubeconfig.
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
-    controller = Controller(config, Executor(api, config.api_concurrency), args.trainer_image)
+    controller = Controller(
+        config,
+        Executor(api, config.api_concurrency),
+        args.trainer_image,
+        args.default_shm_size,
+    )
     if args.metrics_port:
         metrics.serve(args.metrics_port, args.health_address)
     asyncio.run(

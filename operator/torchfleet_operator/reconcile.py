@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import ValidationError
-
 from torchfleet_operator.api import constants as c
+from torchfleet_operator.api.parse import InvalidSpecError, parse_training_job
 from torchfleet_operator.api.v1alpha1 import TrainingJob, TrainingJobSpec
 from torchfleet_operator.build import names, podgroup, pvc, service
 from torchfleet_operator.build.pods import build_pod, pod_name_for_rank
@@ -77,12 +76,10 @@ def timestamp(now: datetime) -> str:
 def validation_problem(body: dict[str, Any]) -> tuple[TrainingJob | None, str | None]:
     """The parsed job, or the problem with it naming the field."""
     try:
-        job = TrainingJob.model_validate(body)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "spec"
-        message = str(first["msg"]).removeprefix("Value error, ")
-        return None, f"{where}: {message}"
+        job = parse_training_job(body)
+    except InvalidSpecError as exc:
+        # Every problem, each with the field path its rule blames.
+        return None, str(exc)
     name = job.metadata.name or ""
     problem = names.name_problem(name, job.spec.worker.replicas)
     return (None, problem) if problem else (job, None)
@@ -163,6 +160,7 @@ def plan(
     config: OperatorConfig,
     status: dict[str, Any] | None = None,
     default_image: str = "torchfleet/trainer:latest",
+    default_shm_size: str | None = None,
 ) -> Plan:
     """Decides one pass. ``status`` is the freshest known status (default: the body's)."""
     step = _Pass(
@@ -175,7 +173,7 @@ def plan(
         return _invalid(step, problem or "invalid spec")
     if step.status.get("phase") in FINISHED:
         return _finished(step, job.spec)
-    return _active(step, job.spec, default_image)
+    return _active(step, job.spec, default_image, default_shm_size)
 
 
 def _invalid(step: _Pass, problem: str) -> Plan:
@@ -200,7 +198,9 @@ def _finished(step: _Pass, spec: TrainingJobSpec) -> Plan:
     return step.finalize()
 
 
-def _active(step: _Pass, spec: TrainingJobSpec, default_image: str) -> Plan:
+def _active(
+    step: _Pass, spec: TrainingJobSpec, default_image: str, default_shm_size: str | None
+) -> Plan:
     # Pods this operator already deleted count as terminating, even before the
     # watch says so: their names are not free yet.
     pods = [
@@ -253,7 +253,7 @@ def _active(step: _Pass, spec: TrainingJobSpec, default_image: str) -> Plan:
         return step.finalize()
 
     try:
-        _create_missing(step, spec, gang, restart, default_image)
+        _create_missing(step, spec, gang, restart, default_image, default_shm_size)
     except (TypeError, AttributeError, KeyError, ValueError) as exc:
         # The CRD keeps template.spec open; a shape the merge cannot use is the
         # user's error, reported like any other invalid spec.
@@ -421,7 +421,12 @@ def _waiting(step: _Pass, restart: int, why: str) -> None:
 
 
 def _create_missing(
-    step: _Pass, spec: TrainingJobSpec, gang: list[ObservedPod], restart: int, image: str
+    step: _Pass,
+    spec: TrainingJobSpec,
+    gang: list[ObservedPod],
+    restart: int,
+    image: str,
+    shm_size: str | None,
 ) -> None:
     observed = step.observed
     plan_create = step.plan.create
@@ -437,7 +442,7 @@ def _create_missing(
     for rank in range(spec.nodes):
         if pod_name_for_rank(step.name, rank) not in present:
             plan_create.append(
-                build_pod(step.name, step.namespace, step.uid, spec, rank, restart, image)
+                build_pod(step.name, step.namespace, step.uid, spec, rank, restart, image, shm_size)
             )
     # What the apiserver refused a moment ago waits for its back-off; pods also
     # wait for a refused service, claim or PodGroup (they depend on it).

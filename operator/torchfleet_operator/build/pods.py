@@ -105,10 +105,13 @@ def _merge_container(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, 
     return merged
 
 
-def _volumes(spec: TrainingJobSpec, job: str) -> list[dict[str, Any]]:
+def _volumes(spec: TrainingJobSpec, job: str, default_shm_size: str | None) -> list[dict[str, Any]]:
     shm: dict[str, Any] = {"medium": "Memory"}
-    if spec.resources.shm_size is not None:
-        shm["sizeLimit"] = str(spec.resources.shm_size)
+    # The job's own size wins; else the operator's default (Helm
+    # operator.defaults.shmSize); else unbounded up to the pod's memory limit.
+    shm_size = spec.resources.shm_size if spec.resources.shm_size is not None else default_shm_size
+    if shm_size:
+        shm["sizeLimit"] = str(shm_size)
     volumes: list[dict[str, Any]] = [{"name": SHM_VOLUME, "emptyDir": shm}]
     if spec.checkpoint:
         claim = spec.checkpoint.claim_name or names.checkpoint_claim_name(job)
@@ -153,6 +156,7 @@ def build_pod(
     node_rank: int,
     restart: int,
     default_image: str,
+    default_shm_size: str | None = None,
 ) -> dict[str, Any]:
     """The complete pod manifest for ``node_rank`` of gang number ``restart``."""
     role = role_of(node_rank)
@@ -181,7 +185,9 @@ def build_pod(
     affinity = _gang_affinity(job, spec, template_spec.get("affinity"))
     if affinity:
         pod_spec["affinity"] = affinity
-    pod_spec["volumes"] = _merge_volumes(_volumes(spec, job), template_spec.get("volumes") or [])
+    pod_spec["volumes"] = _merge_volumes(
+        _volumes(spec, job, default_shm_size), template_spec.get("volumes") or []
+    )
     pod_spec["containers"] = [_merge_container(ours, theirs), *sidecars]
     # Identity: the gang depends on these, so no template may change them.
     pod_spec["restartPolicy"] = "Never"  # the operator restarts the whole gang

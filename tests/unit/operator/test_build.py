@@ -113,6 +113,22 @@ def test_nccl_env_resources_and_ipc_lock_follow_the_network_spec():
     assert "securityContext" not in tcp["spec"]["containers"][0]
 
 
+@pytest.mark.parametrize(
+    ("job_shm", "operator_default", "expected"),
+    [
+        ("2Gi", "16Gi", {"medium": "Memory", "sizeLimit": "2Gi"}),  # the job's own wins
+        (None, "16Gi", {"medium": "Memory", "sizeLimit": "16Gi"}),  # else the operator's
+        (None, None, {"medium": "Memory"}),  # else bounded by the pod's memory limit
+    ],
+)
+def test_shm_size_from_job_then_operator_default(job_shm, operator_default, expected):
+    resources = {"cpu": 4} | ({"shmSize": job_shm} if job_shm else {})
+    parsed = TrainingJob.model_validate(job(resources=resources))
+    pod = build_pod("llm", "team", "uid-1", parsed.spec, 0, 0, "img:1", operator_default)
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["dshm"]["emptyDir"] == expected
+
+
 def test_shm_checkpoint_volume_and_identity_fields():
     pod = render(RDMA_SPEC, rank=3)
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}

@@ -256,6 +256,16 @@ def test_invalid_spec_fails_with_the_field_and_creates_nothing(body_change, fiel
     assert field in failed["message"]
 
 
+def test_invalid_spec_names_the_field_a_cross_field_rule_blames():
+    # The rule lives on the checkpoint section but blames one field inside it.
+    body = job()
+    body["spec"]["checkpoint"] = {"claimName": "data", "claimTemplate": {"size": "1Gi"}}
+    p = plan(body, observed(), at(0), CONFIG, status={})
+    failed = find(p.status["conditions"], "Failed")
+    assert failed["reason"] == "InvalidSpec"
+    assert failed["message"].startswith("spec.checkpoint.claim")
+
+
 @pytest.mark.parametrize(
     ("name", "workers", "problem"),
     [
