@@ -14,6 +14,7 @@ afterwards so both can be looked at; `down` stops them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -277,16 +278,23 @@ def down() -> None:
         pid_file = STATE / f"{name}.pid"
         if not pid_file.exists():
             continue
-        pid = int(pid_file.read_text())
-        try:
-            os.kill(pid, signal.SIGTERM)
-            for _ in range(300):
-                os.kill(pid, 0)
-                time.sleep(0.2)
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        stop_process(int(pid_file.read_text()))
         pid_file.unlink()
+
+
+def stop_process(pid: int, grace_seconds: float = 60) -> None:
+    """SIGTERM, then SIGKILL after the grace period."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_seconds
+    while time.monotonic() < deadline:
+        if prom.exited(pid):
+            return
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
 
 
 def main() -> None:
@@ -334,16 +342,19 @@ def main() -> None:
     started = time.monotonic()
     try:
         run_job()
+        summary(running.url, (time.monotonic() - started) / 60, args.down_after)
     finally:
         if args.down_after:
             down()
-    minutes = (time.monotonic() - started) / 60
+
+
+def summary(prometheus_url: str, minutes: float, going_down: bool) -> None:
     claim = STATE / "agent" / "volumes" / NAMESPACE / f"{JOB}-checkpoint"
-    say(f"done in {minutes:.1f} min")
+    say(f"done: the job ran in {minutes:.1f} min")
     print(f"    checkpoints:  {claim}")
     for path in sorted(claim.glob("*"))[:10]:
         print(f"                  {path.name}")
-    print(f"    Prometheus:   {running.url}  (HTTP API: /api/v1/query?query=...)")
+    print(f"    Prometheus:   {prometheus_url}  (HTTP API: /api/v1/query?query=...)")
     for query in (
         f'torchfleet_train_loss{{torchfleet_dev_job_name="{JOB}"}}',
         f'torchfleet_train_tokens_per_second{{torchfleet_dev_job_name="{JOB}"}}',
@@ -351,10 +362,10 @@ def main() -> None:
     ):
         print(f"                  {query}")
     print(f"    logs:         {STATE}/agent/pods/<namespace>_<pod>_<uid>/logs/")
-    if not args.down_after:
+    if not going_down:
         print(
-            "    still running: node agent, operator, Prometheus; stop them with `make demo-down` "
-            "(python dev/demo.py down)"
+            "    still running: node agent, operator, Prometheus; "
+            "stop them with `make demo-down` (python dev/demo.py down)"
         )
 
 

@@ -173,22 +173,25 @@ def stop(directory: Path, timeout: float = 20) -> None:
         state.unlink()
         return
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and _alive(pid):
+    while time.monotonic() < deadline and not exited(pid):
         time.sleep(0.2)
-    if _alive(pid):
+    if not exited(pid):
         os.kill(pid, signal.SIGKILL)
     state.unlink()
 
 
-def _alive(pid: int) -> bool:
+def exited(pid: int) -> bool:
+    """Whether the process is gone; reaps it when it is our own child (a
+    child that has exited stays a zombie, alive to kill(0), until reaped)."""
     with contextlib.suppress(ChildProcessError):
-        # Reaps it if it is our child; harmless otherwise.
-        os.waitpid(pid, os.WNOHANG)
+        waited, _status = os.waitpid(pid, os.WNOHANG)
+        if waited == pid:
+            return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return False
-    return True
+        return True
+    return False
 
 
 def main() -> None:
