@@ -74,7 +74,7 @@ class Controller:
         self.default_shm_size = default_shm_size
         self.caches = Caches()
         self.queue: WorkQueue[JobKey] = WorkQueue()
-        self.phases: metrics.PhaseTracker[JobKey] = metrics.PhaseTracker()
+        self.phases = metrics.PhaseTracker()
         self._expectations: dict[JobKey, _Expectations] = {}
         self._last_status: dict[str, dict[str, Any]] = {}  # by job uid
         self._api_failures: dict[JobKey, int] = {}

@@ -8,12 +8,16 @@ which the benchmark reads to report the operator's RSS and CPU time.
 from __future__ import annotations
 
 import threading
-from collections.abc import Hashable
-from typing import Generic, TypeVar
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 JOBS = Gauge("torchfleet_operator_jobs", "TrainingJobs known to this operator, by phase", ["phase"])
+JOB_PHASE = Gauge(
+    "torchfleet_operator_job_phase",
+    "1 for each TrainingJob's current phase (kube-state-metrics style), per job",
+    # Not "namespace"/"job": Prometheus sets those on every target itself.
+    ["job_namespace", "job_name", "phase"],
+)
 RECONCILE_SECONDS = Histogram(
     "torchfleet_operator_reconcile_duration_seconds",
     "Wall time of one reconcile pass (observe, plan, execute, status write)",
@@ -40,35 +44,43 @@ API_REQUESTS = Counter(
 QUEUE_DEPTH = Gauge("torchfleet_operator_workqueue_depth", "Job keys waiting for a worker")
 
 
-K = TypeVar("K", bound=Hashable)
+JobKey = tuple[str, str]  # (namespace, name)
 
 
-class PhaseTracker(Generic[K]):
-    """Keeps ``torchfleet_operator_jobs{phase}`` equal to the jobs' latest phases."""
+class PhaseTracker:
+    """Keeps ``torchfleet_operator_jobs{phase}`` and
+    ``torchfleet_operator_job_phase{namespace,job,phase}`` equal to the jobs'
+    latest phases; a finished or deleted job's old series are removed."""
 
     def __init__(self) -> None:
-        self._phases: dict[K, str] = {}
+        self._phases: dict[JobKey, str] = {}
         self._lock = threading.Lock()
 
-    def set(self, key: K, phase: str) -> None:
+    def set(self, key: JobKey, phase: str) -> None:
         with self._lock:
             old = self._phases.get(key)
             if old == phase:
                 return
             if old is not None:
-                JOBS.labels(phase=old).dec()
+                self._drop(key, old)
             self._phases[key] = phase
             JOBS.labels(phase=phase).inc()
+            JOB_PHASE.labels(job_namespace=key[0], job_name=key[1], phase=phase).set(1)
 
-    def with_phase(self, phase: str) -> list[K]:
+    def with_phase(self, phase: str) -> list[JobKey]:
         with self._lock:
             return [key for key, known in self._phases.items() if known == phase]
 
-    def forget(self, key: K) -> None:
+    def forget(self, key: JobKey) -> None:
         with self._lock:
             old = self._phases.pop(key, None)
             if old is not None:
-                JOBS.labels(phase=old).dec()
+                self._drop(key, old)
+
+    @staticmethod
+    def _drop(key: JobKey, phase: str) -> None:
+        JOBS.labels(phase=phase).dec()
+        JOB_PHASE.remove(key[0], key[1], phase)
 
 
 def serve(port: int, address: str = "0.0.0.0") -> None:

@@ -4,8 +4,9 @@ An asyncio task on the operator's loop: every interval it GETs the master's
 metrics endpoint (pod IP + the contract's metrics port) for each Running
 job, concurrently and with a short timeout, and queues the job when the
 figures changed. A pod that does not answer (KWOK pods have no endpoint, a
-script may export nothing) is tried again later with a growing back-off;
-failures are never an error.
+script may export nothing) is tried again later with a growing back-off,
+capped at a few intervals so a slow start-up is not missed, and reset when the
+master changes (a gang restart); failures are never an error.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from torchfleet_operator.status.progress import progress_from_metrics
 from torchfleet_trainer import contract
 
 log = logging.getLogger(__name__)
-MAX_BACKOFF_SECONDS = 600.0
+MAX_BACKOFF_INTERVALS = 4
 CONCURRENT_SCRAPES = 64
 
 
@@ -44,7 +45,8 @@ class ProgressPoller(Generic[K]):
         self.on_change = on_change
         self.port = port
         self.latest: dict[K, tuple[dict[str, Any] | None, int | None]] = {}
-        self._retry_at: dict[K, tuple[float, float]] = {}  # key -> (when, backoff)
+        # key -> (next try, current back-off, the master IP it applies to)
+        self._retry_at: dict[K, tuple[float, float, str]] = {}
 
     async def run(self) -> None:
         timeout = aiohttp.ClientTimeout(total=2, connect=1)
@@ -53,11 +55,7 @@ class ProgressPoller(Generic[K]):
             while True:
                 await asyncio.sleep(self.interval)
                 now = time.monotonic()
-                due = [
-                    (k, ip)
-                    for k, ip in self.targets()
-                    if self._retry_at.get(k, (0.0, 0.0))[0] <= now
-                ]
+                due = [(k, ip) for k, ip in self.targets() if self._due(k, ip, now)]
                 await asyncio.gather(*(self._scrape(session, limit, k, ip) for k, ip in due))
 
     async def _scrape(
@@ -70,9 +68,9 @@ class ProgressPoller(Generic[K]):
                 text = await response.text()
             found = progress_from_metrics(text, timestamp(datetime.now(UTC)))
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            _, backoff = self._retry_at.get(key, (0.0, self.interval / 2))
-            backoff = min(MAX_BACKOFF_SECONDS, backoff * 2)
-            self._retry_at[key] = (time.monotonic() + backoff, backoff)
+            _, backoff, _ = self._retry_at.get(key, (0.0, self.interval / 2, ip))
+            backoff = min(MAX_BACKOFF_INTERVALS * self.interval, backoff * 2)
+            self._retry_at[key] = (time.monotonic() + backoff, backoff, ip)
             log.debug("no progress from %s (%s); next try in %.0fs", ip, exc, backoff)
             return
         self._retry_at.pop(key, None)
@@ -82,6 +80,11 @@ class ProgressPoller(Generic[K]):
         self.latest[key] = found
         if previous is None or _figures(previous) != _figures(found):
             self.on_change(key)
+
+    def _due(self, key: K, ip: str, now: float) -> bool:
+        retry = self._retry_at.get(key)
+        # A new master IP is a new gang: the old one's back-off does not apply.
+        return retry is None or retry[2] != ip or retry[0] <= now
 
     def forget(self, key: K) -> None:
         self.latest.pop(key, None)

@@ -212,13 +212,6 @@ def test_killed_worker_restarts_the_gang_and_resumes_from_the_last_checkpoint(
     assert max(steps_after) == TOTAL_STEPS
 
 
-@pytest.mark.xfail(
-    reason="the operator's progress poller backs off exponentially (1, 2, 4 ... 600 s) while a "
-    "master's /metrics is not up yet, per job and across gang restarts; when rank start-up "
-    "is slow (a loaded 2-core machine: ~2 min) its next try comes after the run has ended, "
-    "so status.progress stays empty. Passes when start-up is quick.",
-    strict=False,
-)
 def test_progress_and_checkpoint_in_status_and_printer_columns(shakespeare: ShakespeareRun):
     status = shakespeare.job["status"]
     assert "lastCheckpoint" in status and "progress" in status, status
@@ -250,6 +243,12 @@ def test_prometheus_has_the_trainer_and_operator_series(shakespeare: Shakespeare
     phases = prometheus.query('max_over_time(torchfleet_operator_jobs{phase="Running"}[1h])')
     assert phases and float(phases[0]["value"][1]) >= 1, "no operator job-phase series"
     assert phases[0]["metric"]["job"] == "torchfleet-operator"
+    # This job's own phase series, as the operator exported it while it ran.
+    mine = f'job_namespace="{namespace}",job_name="{job}"'
+    running = prometheus.query(
+        f'max_over_time(torchfleet_operator_job_phase{{{mine},phase="Running"}}[1h])'
+    )
+    assert running and float(running[0]["value"][1]) == 1, "no Running series for this job"
 
 
 # ---- more jobs through the operator ---------------------------------------------------

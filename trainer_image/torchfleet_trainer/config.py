@@ -489,11 +489,30 @@ def load_config(
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"config: expected a mapping at the top level, got {type(raw).__name__}")
-    raw = apply_overrides(_normalise_keys(raw), overrides)
+    raw = _job_checkpoint_policy(_normalise_keys(raw), env)
+    raw = apply_overrides(raw, overrides)
     try:
         return TrainConfig.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(format_validation_error(err)) from None
+
+
+def _job_checkpoint_policy(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    """The job's spec.checkpoint (intervalSteps, keepLast, exported by the
+    operator) wins over the inline trainer config; CLI overrides win over both."""
+    policy = {"interval": contract.CHECKPOINT_INTERVAL, "keepLast": contract.CHECKPOINT_KEEP}
+    for key, var in policy.items():
+        value = env.get(var)
+        if not value:
+            continue
+        try:
+            number = int(value)
+        except ValueError:
+            raise ConfigError(f"{var} must be an integer, got {value!r}") from None
+        checkpoint = raw.get("checkpoint")
+        raw = {**raw, "checkpoint": {**(checkpoint if isinstance(checkpoint, dict) else {})}}
+        raw["checkpoint"][key] = number
+    return raw
 
 
 def resolve_checkpoint_dir(config: TrainConfig, env: Mapping[str, str] | None = None) -> str | None:

@@ -56,6 +56,10 @@ def launch(
         start_method="spawn",
     )
     worker = ["-u", "-m", "torchfleet_trainer.worker", config.model_dump_json(by_alias=True)]
+    if nproc > 1:
+        # As torchrun does: N workers each running a thread per core would
+        # oversubscribe the node. The workers inherit this; a user's value wins.
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
         elastic_launch(launch_config, sys.executable)(*worker)
     except SignalException:

@@ -56,8 +56,17 @@ def test_unreachable_master_backs_off_and_reports_nothing():
 
     poller = asyncio.run(scenario())
     assert changed == [] and "llm" not in poller.latest
-    _, backoff = poller._retry_at["llm"]
+    _, backoff, _ = poller._retry_at["llm"]
     assert backoff >= 0.1  # doubled at least once, not retried every tick
+    assert backoff <= 4 * 0.05  # but capped at a few intervals: a slow start is not missed
+
+
+def test_new_master_ip_is_tried_at_once_despite_the_old_back_off():
+    poller: ProgressPoller[str] = ProgressPoller(15, lambda: [], lambda key: None)
+    far = 1e12
+    poller._retry_at["llm"] = (far, 60.0, "10.0.0.1")
+    assert not poller._due("llm", "10.0.0.1", now=0.0)
+    assert poller._due("llm", "10.0.0.2", now=0.0)  # gang restarted: a new master
 
 
 def test_percent_and_eta_need_a_total_step_count():

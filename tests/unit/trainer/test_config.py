@@ -108,3 +108,22 @@ def test_cli_refuses_bad_config_with_exit_2(capsys) -> None:
     assert "parallel.tensor: 5 does not divide model.heads" in capsys.readouterr().err
     assert main(["--print-config", "training.steps=3"]) == 0
     assert json.loads(capsys.readouterr().out)["training"]["steps"] == 3
+
+
+def test_job_checkpoint_policy_wins_over_inline_config_and_loses_to_overrides() -> None:
+    inline = json.dumps({"checkpoint": {"interval": 50, "keepLast": 5}})
+    env = {
+        contract.TRAIN_CONFIG: inline,
+        contract.CHECKPOINT_INTERVAL: "20",
+        contract.CHECKPOINT_KEEP: "2",
+    }
+    from_job = load_config(env=env)
+    assert (from_job.checkpoint.interval, from_job.checkpoint.keep_last) == (20, 2)
+    overridden = load_config(overrides=["checkpoint.interval=7"], env=env)
+    assert overridden.checkpoint.interval == 7
+    assert load_config(env={contract.TRAIN_CONFIG: inline}).checkpoint.interval == 50
+
+
+def test_bad_job_checkpoint_policy_names_the_variable() -> None:
+    with pytest.raises(ConfigError, match="TORCHFLEET_CHECKPOINT_INTERVAL must be an integer"):
+        load_config(env={contract.CHECKPOINT_INTERVAL: "often"})
