@@ -64,8 +64,10 @@ lint: venv ## ruff lint + format check
 	$(VENV)/bin/ruff format --check .
 
 .PHONY: typecheck
-typecheck: venv ## mypy over both packages
+typecheck: venv ## mypy over both packages and the e2e harness
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy dev/nodeagent dev/demo.py
+	$(VENV)/bin/mypy dev/prometheus/prom.py
 
 .PHONY: test
 test: venv deps cluster-build prometheus-build lint typecheck verify ## everything: set-up, lint, types, every test tier

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests and the demo use, only when missing.
-# openssl: the local cluster's certificates. prometheus: the real Prometheus
-# that scrapes training pods in the e2e tier and the demo.
+# openssl: the local cluster's certificates. prometheus: its promtool checks
+# the chart's alert rules (the Prometheus that scrapes is built from Go modules:
+# Debian's lacks Kubernetes discovery). iproute2 and util-linux: the e2e node
+# agent gives each pod its own network and mount namespace (ip, unshare, nsenter).
 set -euo pipefail
 need=()
 command -v openssl >/dev/null || need+=(openssl)
-command -v prometheus >/dev/null || need+=(prometheus)
+command -v promtool >/dev/null || need+=(prometheus)
+command -v ip >/dev/null || need+=(iproute2)
+{ command -v unshare && command -v nsenter; } >/dev/null || need+=(util-linux)
 [ ${#need[@]} -eq 0 ] && exit 0
 sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
 echo "[deps] installing ${need[*]} from Debian"
