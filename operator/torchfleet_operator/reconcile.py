@@ -237,6 +237,8 @@ def _active(
 
     if success.succeeded(spec.run_policy.success_policy, gang, spec.nodes):
         step.finish(c.PHASE_SUCCEEDED, "Succeeded", _success_message(spec))
+        if spec.runs_trainer:
+            _progress_complete(step)
         return _finished(step, spec)
 
     failures = _failures(step, spec, gang, restart)
@@ -275,6 +277,17 @@ def _progress(step: _Pass) -> None:
     last = (step.status.get("lastCheckpoint") or {}).get("step")
     if observed.checkpoint_step is not None and observed.checkpoint_step != last:
         step.status["lastCheckpoint"] = {"step": observed.checkpoint_step, "time": step.stamp}
+
+
+def _progress_complete(step: _Pass) -> None:
+    """torchfleet-train exits 0 only after its last step (preempted, it exits
+    143), so its success means every step ran, even when the last scrape of
+    the master's /metrics came a few steps before the end."""
+    progress = step.status.get("progress")
+    if not progress or not progress.get("totalSteps"):
+        return
+    done = {k: v for k, v in progress.items() if k != "etaSeconds"}
+    step.status["progress"] = done | {"step": progress["totalSteps"], "percent": 100}
 
 
 def _success_message(spec: TrainingJobSpec) -> str:

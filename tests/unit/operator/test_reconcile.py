@@ -367,6 +367,24 @@ def test_scraped_progress_and_new_checkpoints_land_in_the_status():
     assert same.status == p.status  # the checkpoint time is that of its first sighting
 
 
+@pytest.mark.parametrize(
+    ("spec", "expected_step", "expected_percent"),
+    [
+        ({}, 300, 100),  # torchfleet-train exits 0 only after its last step
+        ({"command": ["torchrun", "train.py"]}, 270, 90),  # a user's script: as last seen
+    ],
+)
+def test_success_completes_the_trainers_progress_only(spec, expected_step, expected_percent):
+    last_scrape = {"step": 270, "totalSteps": 300, "percent": 90, "etaSeconds": 6}
+    done = gang(phase="Succeeded")
+    status = running_status() | {"progress": last_scrape}
+    p = plan(job(**spec), observed(*done), at(50), CONFIG, status=status)
+    assert p.status["phase"] == "Succeeded"
+    progress = p.status["progress"]
+    assert (progress["step"], progress["percent"]) == (expected_step, expected_percent)
+    assert ("etaSeconds" in progress) is (expected_step != 300)
+
+
 def test_a_pod_being_deleted_by_someone_else_restarts_a_running_gang():
     going = dataclasses.replace(pod("llm", 0), deleting=True)
     p = plan(job(), observed(*gang(**{going.name: going})), at(0), CONFIG, status=running_status())
