@@ -7,22 +7,12 @@ starts its own processes and uses no module-wide operator.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import pytest
 
+from tests.fixtures.operator import kwok_job_spec as spec
+
 pytestmark = pytest.mark.cluster
-
-ON_FAKE_NODES = {"spec": {"nodeSelector": {"torchfleet.dev/fake-node": "true"}}}
-
-
-def spec(workers: int = 2, **extra: Any) -> dict[str, Any]:
-    return {
-        "command": ["python", "train.py"],
-        "master": {"template": ON_FAKE_NODES},
-        "worker": {"replicas": workers, "template": ON_FAKE_NODES},
-        **extra,
-    }
 
 
 def test_operator_killed_while_creating_64_workers_recovers_exactly(

@@ -11,18 +11,9 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.operator import kwok_job_spec as spec
+
 pytestmark = pytest.mark.cluster
-
-ON_FAKE_NODES = {"spec": {"nodeSelector": {"torchfleet.dev/fake-node": "true"}}}
-
-
-def spec(workers: int = 2, **extra: Any) -> dict[str, Any]:
-    return {
-        "command": ["python", "train.py"],
-        "master": {"template": ON_FAKE_NODES},
-        "worker": {"replicas": workers, "template": ON_FAKE_NODES},
-        **extra,
-    }
 
 
 def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:

@@ -11,21 +11,11 @@ from typing import Any
 import pytest
 
 from tests.fixtures.operator import fake_node
+from tests.fixtures.operator import kwok_job_spec as spec
 
 pytestmark = pytest.mark.cluster
 
 PODGROUP_CRDS = Path(__file__).parent / "podgroup-crds"
-ON_FAKE_NODES = {"spec": {"nodeSelector": {"torchfleet.dev/fake-node": "true"}}}
-
-
-def spec(workers: int = 2, template: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
-    template = template or ON_FAKE_NODES
-    return {
-        "command": ["python", "train.py"],
-        "master": {"template": template},
-        "worker": {"replicas": workers, "template": template},
-        **extra,
-    }
 
 
 def test_jobs_in_two_namespaces_never_touch_each_others_pods(
