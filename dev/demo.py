@@ -358,6 +358,7 @@ def summary(prometheus_url: str, minutes: float, going_down: bool) -> None:
     for query in (
         f'torchfleet_train_loss{{torchfleet_dev_job_name="{JOB}"}}',
         f'torchfleet_train_tokens_per_second{{torchfleet_dev_job_name="{JOB}"}}',
+        f'torchfleet_operator_job_phase{{job_name="{JOB}"}}',
         "torchfleet_operator_jobs",
     ):
         print(f"                  {query}")
