@@ -20,6 +20,7 @@ from torchfleet_operator import metrics
 from torchfleet_operator.build.names import checkpoint_claim_name
 from torchfleet_operator.config import OperatorConfig
 from torchfleet_operator.kube import Executor
+from torchfleet_operator.metrics import JobKey
 from torchfleet_operator.observed import Observed, ObservedNode, ObservedPod
 from torchfleet_operator.progress import ProgressPoller
 from torchfleet_operator.reconcile import CONDITION_CHILDREN, keep_condition, plan, with_rejections
@@ -27,7 +28,6 @@ from torchfleet_operator.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 
-JobKey = tuple[str, str]  # (namespace, name)
 # How long a create/delete may go unseen by the watch before it is forgotten.
 EXPECTATION_SECONDS = 60.0
 

@@ -15,7 +15,8 @@ import kopf
 
 from torchfleet_operator.api.constants import GROUP, PLURAL, VERSION
 from torchfleet_operator.build.labels import JOB_NAME_LABEL
-from torchfleet_operator.controller import Controller, JobKey
+from torchfleet_operator.controller import Controller
+from torchfleet_operator.metrics import JobKey
 from torchfleet_operator.observed import ObservedNode, ObservedPod
 
 CHILD = {JOB_NAME_LABEL: kopf.PRESENT}
