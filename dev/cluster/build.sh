@@ -17,8 +17,9 @@ if complete; then echo "$bin"; exit 0; fi
 
 mkdir -p "$bin"
 log() { echo "[cluster-build] $*" >&2; }
-ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$KUBERNETES_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${KUBERNETES_VERSION#v1.}"
-ldflags=${ldflags%.*}
+# So the binaries report their release (kubectl version, /version), e.g. 1 / 36.
+minor=${KUBERNETES_VERSION#v1.}; minor=${minor%%.*}
+ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$KUBERNETES_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
 export CGO_ENABLED=0
 cd "$here/gomod"
 for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
