@@ -101,6 +101,8 @@ class PodWatch:
     created: dict[str, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
     running: dict[str, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
     stop: threading.Event = field(default_factory=threading.Event)
+    # The watch thread records while the main thread counts: one lock for both.
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def run(self, raw: RawApi, namespace: str) -> None:
         """Watches until stopped; a stream the apiserver closes (slow consumer,
@@ -151,12 +153,14 @@ class PodWatch:
         job = (meta.get("labels") or {}).get("bench-job")
         if not job:
             return
-        self.created[job].setdefault(meta["name"], now)
-        if (pod.get("status") or {}).get("phase") == "Running":
-            self.running[job].setdefault(meta["name"], now)
+        with self.lock:
+            self.created[job].setdefault(meta["name"], now)
+            if (pod.get("status") or {}).get("phase") == "Running":
+                self.running[job].setdefault(meta["name"], now)
 
     def complete(self, jobs: int, which: dict[str, dict[str, float]]) -> bool:
-        return sum(1 for pods in which.values() if len(pods) >= PODS_PER_JOB) >= jobs
+        with self.lock:
+            return sum(1 for pods in which.values() if len(pods) >= PODS_PER_JOB) >= jobs
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -334,8 +338,9 @@ def summary(
     created_at: float,
     apiserver_delta: float,
 ) -> dict[str, Any]:
-    created = latencies(started, watch.created)
-    running = latencies(started, watch.running)
+    with watch.lock:
+        created = latencies(started, watch.created)
+        running = latencies(started, watch.running)
     return {
         "jobs": jobs,
         "pods": jobs * PODS_PER_JOB,
@@ -358,7 +363,7 @@ def delete_namespace(raw: RawApi, kubectl: Any, namespace: str, timeout: float) 
         pods = f"/api/v1/namespaces/{namespace}/pods"
         raw.request("DELETE", pods, query={"gracePeriodSeconds": 0})
     except Exception as exc:  # a client timeout mid-collection: the namespace delete finishes it
-        print(f"force delete of {namespace}'s pods: {exc}", file=sys.stderr)
+        print(f"force delete of {namespace}'s pods went on past the client timeout: {exc}")
     kubectl("delete", "namespace", namespace, f"--timeout={int(timeout)}s")
 
 
