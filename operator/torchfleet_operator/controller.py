@@ -78,7 +78,6 @@ class Controller:
         self._expectations: dict[JobKey, _Expectations] = {}
         self._last_status: dict[str, dict[str, Any]] = {}  # by job uid
         self._api_failures: dict[JobKey, int] = {}
-        self._pod_groups: set[str] = set()  # job uids whose PodGroup exists
         self._tasks: list[asyncio.Task[None]] = []
         self.progress: ProgressPoller[JobKey] = ProgressPoller(
             config.progress_interval_seconds, self._masters, self.enqueue
@@ -98,7 +97,6 @@ class Controller:
         self.progress.forget(key)
         if uid:
             self._last_status.pop(uid, None)
-            self._pod_groups.discard(uid)
 
     def start(self) -> None:
         for number in range(self.config.workers):
@@ -184,7 +182,6 @@ class Controller:
             nodes_not_ready=not_ready,
             has_service=key in self.caches.services,
             has_checkpoint_claim=_claim_key(body) in self.caches.claims,
-            has_pod_group=uid in self._pod_groups,
             expected_created=frozenset(expected.created),
             expected_deleted=frozenset(expected.deleted),
             held=frozenset(expected.held),
@@ -231,10 +228,6 @@ class Controller:
         )
         result = self.executor.execute(namespace, body, decided)
         self._remember(key, decided, result.created_pods)
-        for manifest in decided.create:
-            failed = any(f.kind == manifest["kind"] for f in result.failures)
-            if manifest["kind"] == "PodGroup" and not failed:
-                self._pod_groups.add(uid)
         rejected = [
             (f.kind, f.name, f.code, f.message) for f in result.failures if f.verb == "create"
         ]

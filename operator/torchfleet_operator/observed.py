@@ -147,7 +147,6 @@ class Observed:
     nodes_not_ready: dict[str, datetime | None] = field(default_factory=dict)
     has_service: bool = False
     has_checkpoint_claim: bool = False
-    has_pod_group: bool = False
     # Child pods the operator created or deleted whose watch events have not
     # arrived yet (created: names, deleted: uids): treated as present / absent.
     expected_created: frozenset[str] = frozenset()

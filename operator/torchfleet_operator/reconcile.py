@@ -448,15 +448,19 @@ def _create_missing(
     template = spec.checkpoint.claim_template if spec.checkpoint else None
     if template is not None and not observed.has_checkpoint_claim:
         step.plan.create.append(pvc.checkpoint_claim(step.name, step.namespace, step.uid, template))
-    group = podgroup.pod_group(step.name, step.namespace, step.uid, spec)
-    if group is not None and not observed.has_pod_group:
-        step.plan.create.append(group)
     present = {p.name for p in gang} | observed.expected_created
-    for rank in range(spec.nodes):
-        if pod_name_for_rank(step.name, rank) not in present:
-            plan_create.append(
-                build_pod(step.name, step.namespace, step.uid, spec, rank, restart, image, shm_size)
-            )
+    pods = [
+        build_pod(step.name, step.namespace, step.uid, spec, rank, restart, image, shm_size)
+        for rank in range(spec.nodes)
+        if pod_name_for_rank(step.name, rank) not in present
+    ]
+    # The PodGroup is not watched (its CRD may not exist): it is posted with
+    # every batch of pods that need it, and a 409 means it is there. So a group
+    # deleted by hand is back before the next gang is scheduled.
+    group = podgroup.pod_group(step.name, step.namespace, step.uid, spec)
+    if group is not None and pods:
+        plan_create.append(group)
+    plan_create.extend(pods)
     # What the apiserver refused a moment ago waits for its back-off; pods also
     # wait for a refused service, claim or PodGroup (they depend on it).
     waiting = [m for m in plan_create if m["metadata"]["name"] in observed.held]

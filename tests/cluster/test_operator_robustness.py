@@ -115,10 +115,14 @@ def test_pod_group_for_the_gang_and_a_condition_when_its_crd_is_missing(
         namespace, "cosched", spec(workers=1, scheduling={"podGroup": "Coscheduling"})
     )
     job_driver.wait_running_pods(namespace, "cosched", 2)
-    group = job_driver.raw.request(
-        "GET", f"/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{namespace}/podgroups/cosched"
-    )
-    assert group["spec"]["minMember"] == 2
+    cosched = f"/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{namespace}/podgroups/cosched"
+    assert job_driver.raw.request("GET", cosched)["spec"]["minMember"] == 2
+
+    # A group deleted by hand is back with the gang's next generation.
+    job_driver.raw.request("DELETE", cosched)
+    job_driver.fail_pod(namespace, "cosched-worker-0", exit_code=137)
+    job_driver.wait_running_pods(namespace, "cosched", 2, restart=1)
+    assert job_driver.raw.request("GET", cosched)["spec"]["minMember"] == 2
 
 
 @pytest.fixture

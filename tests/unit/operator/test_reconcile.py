@@ -406,3 +406,28 @@ def test_pods_wait_while_their_pod_group_is_refused():
     seen = Observed(has_service=True, held=frozenset({"llm"}))
     p = plan(job(scheduling={"podGroup": "Volcano"}), seen, at(0), CONFIG, status={})
     assert p.create == []
+
+
+@pytest.mark.parametrize(
+    ("seen", "status", "expected_kinds"),
+    [
+        (observed(), {}, ["PodGroup", "Pod", "Pod", "Pod"]),  # a new job
+        (observed(pod("llm", 0)), {"phase": "Pending"}, ["PodGroup", "Pod", "Pod"]),  # forming
+        (observed(*gang()), running_status(), []),  # complete
+    ],
+)
+def test_pod_group_is_posted_with_every_batch_of_pods(seen, status, expected_kinds):
+    p = plan(job(scheduling={"podGroup": "Coscheduling"}), seen, at(0), CONFIG, status=status)
+    assert [m["kind"] for m in p.create] == expected_kinds
+
+
+def test_pod_group_is_posted_again_for_the_next_generation():
+    # The group is not watched: posting it with the new gang (a 409 when it is
+    # still there) brings back one deleted by hand before the gang schedules.
+    grouped = job(scheduling={"podGroup": "Volcano"})
+    failed = pod("llm", 1, phase="Failed", exit_code=137)
+    restarting = plan(
+        grouped, observed(*gang(**{failed.name: failed})), at(100), CONFIG, running_status()
+    )
+    due = plan(grouped, observed(), at(111), CONFIG, status=restarting.status)
+    assert [m["kind"] for m in due.create] == ["PodGroup", "Pod", "Pod", "Pod"]
