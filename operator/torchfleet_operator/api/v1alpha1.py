@@ -555,7 +555,12 @@ class TrainingJobSpec(ApiModel):
     )
     network: NetworkSpec = section(NetworkSpec, "Transport, NICs, RDMA and NCCL settings.")
     checkpoint: CheckpointSpec | None = Field(
-        None, description="Checkpoint volume and cadence; unset: no checkpoint volume."
+        None,
+        description=(
+            "Checkpoint volume and cadence; unset: no checkpoint volume. Pods that mount it get "
+            "securityContext.fsGroup 1000 with fsGroupChangePolicy OnRootMismatch, so a non-root "
+            "trainer can write a root-owned volume, unless the role template sets fsGroup."
+        ),
     )
     run_policy: RunPolicy = section(RunPolicy, "Restarts, deadlines and clean-up.")
     scheduling: SchedulingSpec = section(SchedulingSpec, "Scheduler, gang, queue, priority.")

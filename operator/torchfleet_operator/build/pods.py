@@ -21,6 +21,10 @@ CHECKPOINT_VOLUME = "checkpoint"
 TRAINER_COMMAND = ["torchfleet-train"]
 # The kubelet gives a killed trainer this long to save or flush before SIGKILL.
 TERMINATION_GRACE_SECONDS = 30
+# The trainer image's user and group (trainer_image/Dockerfile). A provisioned
+# checkpoint volume is root-owned: fsGroup makes it group-writable and adds the
+# group to every container, so any non-root image can write checkpoints.
+CHECKPOINT_FS_GROUP = 1000
 
 
 def role_of(node_rank: int) -> str:
@@ -148,6 +152,17 @@ def _merge_volumes(
     return list(by_name.values())
 
 
+def _default_checkpoint_ownership(pod_spec: dict[str, Any]) -> None:
+    """fsGroup for the checkpoint volume unless the template chose one.
+
+    OnRootMismatch: the kubelet chowns only a volume whose root is not yet
+    right, never a terabyte checkpoint tree recursively on every gang restart."""
+    security = pod_spec.setdefault("securityContext", {})
+    if "fsGroup" not in security:
+        security["fsGroup"] = CHECKPOINT_FS_GROUP
+        security.setdefault("fsGroupChangePolicy", "OnRootMismatch")
+
+
 def build_pod(
     job: str,
     namespace: str,
@@ -188,6 +203,8 @@ def build_pod(
     pod_spec["volumes"] = _merge_volumes(
         _volumes(spec, job, default_shm_size), template_spec.get("volumes") or []
     )
+    if spec.checkpoint:
+        _default_checkpoint_ownership(pod_spec)
     pod_spec["containers"] = [_merge_container(ours, theirs), *sidecars]
     # Identity: the gang depends on these, so no template may change them.
     pod_spec["restartPolicy"] = "Never"  # the operator restarts the whole gang

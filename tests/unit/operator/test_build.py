@@ -143,6 +143,36 @@ def test_shm_checkpoint_volume_and_identity_fields():
     assert [c["name"] for c in pod["spec"]["containers"]] == ["trainer", "log-shipper"]
 
 
+@pytest.mark.parametrize(
+    ("checkpoint", "template_security", "expected"),
+    [
+        # A provisioned volume is root-owned; the trainer image runs as uid 1000.
+        (
+            {"claimTemplate": {"size": "1Ti"}},
+            None,
+            {"fsGroup": 1000, "fsGroupChangePolicy": "OnRootMismatch"},
+        ),
+        (
+            {"claimName": "shared"},
+            {"runAsUser": 2000},
+            {"runAsUser": 2000, "fsGroup": 1000, "fsGroupChangePolicy": "OnRootMismatch"},
+        ),
+        ({"claimName": "shared"}, {"fsGroup": 3000}, {"fsGroup": 3000}),  # the template's choice
+        (None, None, None),  # no checkpoint volume: nothing to own
+    ],
+)
+def test_checkpoint_volume_is_writable_by_a_non_root_trainer(
+    checkpoint, template_security, expected
+):
+    template = {"spec": {"securityContext": template_security}} if template_security else None
+    spec = {
+        "checkpoint": checkpoint,
+        "worker": {"replicas": 1, **({"template": template} if template else {})},
+    }
+    pod = render({k: v for k, v in spec.items() if v is not None}, rank=1)
+    assert pod["spec"].get("securityContext") == expected
+
+
 def test_templates_cannot_override_what_the_gang_depends_on():
     spec = {
         "worker": {
