@@ -92,14 +92,14 @@ class SchemaStrategies:
             return mostly(st.sampled_from(node["enum"]), st.just("Bogus"))
         max_length = node.get("maxLength", 40)
         if "pattern" in node:
-            # ASCII only: the trainer's importPath pattern uses \w, which pydantic
-            # reads as Unicode and the API server as ASCII (reported upstream).
             valid = st.from_regex(node["pattern"], fullmatch=True, alphabet=ASCII).filter(
                 lambda s: len(s) <= max_length
             )
         else:
             valid = st.text(string.ascii_letters + string.digits + "-./:", min_size=1, max_size=12)
-        return mostly(valid, st.sampled_from(["", "Not Valid!", "x" * (max_length + 1)]))
+        # Non-ASCII letters: every pattern must read them as RE2 does (no Unicode \w).
+        invalid = ["", "Not Valid!", "x" * (max_length + 1), "módulo:fábrica"]
+        return mostly(valid, st.sampled_from(invalid))
 
     def _int_or_string(self, path: str) -> Strategy:
         if path.endswith("processesPerNode"):

@@ -50,7 +50,9 @@ class ModelConfig(_Section):
     )
     import_path: str | None = Field(
         None,
-        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+        # ASCII classes, never \w: pydantic reads \w as Unicode, the API server's
+        # RE2 as ASCII, and the CRD rule is generated from this pattern.
+        pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$",
         description="A user model as 'package.module:factory'; the factory takes this "
         "ModelConfig and returns a torch.nn.Module. Overrides 'architecture'.",
     )

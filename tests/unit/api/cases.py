@@ -235,6 +235,13 @@ INVALID: tuple[Invalid, ...] = (
     ),
     _case("trainer-steps-zero", "spec.trainer.training.steps", nested("trainer.training.steps", 0)),
     _case(
+        # A valid Python identifier, but the API server's RE2 has an ASCII \w:
+        # both sides must refuse it.
+        "trainer-import-path-not-ascii",
+        "spec.trainer.model.importPath",
+        nested("trainer.model.importPath", "módulo:fábrica"),
+    ),
+    _case(
         "trainer-precision-unknown",
         "spec.trainer.training.precision",
         nested("trainer.training.precision", "fp8"),
