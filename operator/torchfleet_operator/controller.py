@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -75,6 +76,9 @@ class Controller:
         self.caches = Caches()
         self.queue: WorkQueue[JobKey] = WorkQueue()
         self.phases = metrics.PhaseTracker()
+        # One thread per worker. (asyncio.to_thread's shared default pool has
+        # cpu_count + 4 threads: 6 on a 2-core node, silently capping `workers`.)
+        self._passes = ThreadPoolExecutor(config.workers, thread_name_prefix="reconcile")
         self._expectations: dict[JobKey, _Expectations] = {}
         self._last_status: dict[str, dict[str, Any]] = {}  # by job uid
         self._api_failures: dict[JobKey, int] = {}
@@ -111,6 +115,7 @@ class Controller:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self.queue.shutdown()
+        self._passes.shutdown(wait=False, cancel_futures=True)
         self.executor.close()
 
     async def _resync(self) -> None:
@@ -127,7 +132,9 @@ class Controller:
             try:
                 snapshot = self.snapshot(key)
                 if snapshot is not None:
-                    delay = await asyncio.to_thread(self.reconcile, key, snapshot)
+                    delay = await asyncio.get_running_loop().run_in_executor(
+                        self._passes, self.reconcile, key, snapshot
+                    )
             except Exception:  # a bug or an unreachable apiserver: never kill the loop
                 log.exception("reconcile of %s/%s failed", *key)
                 metrics.RECONCILE_ERRORS.inc()
