@@ -135,7 +135,7 @@ class Executor:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def execute(self, namespace: str, job: dict[str, Any], plan: Plan) -> ExecutionResult:
-        """Deletes, then creates (in parallel), then events; the status is separate."""
+        """Deletes, then creates (in parallel), then queues the events; the status is separate."""
         result = ExecutionResult()
         deleted = self._fan_out(self._delete_pod, namespace, plan.delete)
         result.deleted = deleted.count(None)
@@ -154,8 +154,11 @@ class Executor:
                 for m, f in zip(batch, created, strict=True)
                 if f is None and m["kind"] == "Pod"
             ]
+        # Events are posted in the background, as client-go's recorder does: the
+        # status is the record, and waiting for them held every pass one round trip.
+        now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         for event in plan.events:
-            self._post_event(namespace, job, event)
+            self._pool.submit(self._post_event, namespace, job, event, now)
         if plan.delete_job:
             failure = self._delete_job(namespace, job["metadata"]["name"])
             result.job_deleted = failure is None
@@ -236,9 +239,8 @@ class Executor:
             return self._failure("patch", f"{KIND}/status", name, exc)
         return None
 
-    def _post_event(self, namespace: str, job: dict[str, Any], event: EventSpec) -> None:
+    def _post_event(self, namespace: str, job: dict[str, Any], event: EventSpec, now: str) -> None:
         meta = job["metadata"]
-        now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         body = {
             "apiVersion": "v1",
             "kind": "Event",

@@ -174,7 +174,7 @@ def test_operator_with_only_the_charts_service_account_runs_a_job_lifecycle(
         assert created >= 4 and known_jobs >= 2
     job_driver.succeed_pod(watched, "llm-master-0")
     job_driver.wait_phase(watched, "llm", "Succeeded", timeout=WAIT)
-    assert {"GangRunning"} <= {e["reason"] for e in job_driver.events(watched, "llm")}
+    job_driver.wait_events(watched, "llm", {"GangRunning"})
     job_driver.wait_for(
         "TTL deletion", lambda: job_driver.get(watched, "llm") is None, timeout=WAIT
     )

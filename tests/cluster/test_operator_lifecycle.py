@@ -40,8 +40,7 @@ def test_create_runs_the_gang_and_a_second_pass_changes_nothing(
     service = job_driver.get_core(namespace, "services", "llm")
     assert service is not None and service["spec"]["clusterIP"] == "None"
     assert service["spec"]["publishNotReadyAddresses"] is True
-    reasons = {e["reason"] for e in job_driver.events(namespace, "llm")}
-    assert {"Pending", "GangRunning"} <= reasons
+    job_driver.wait_events(namespace, "llm", {"Pending", "GangRunning"})
 
     # A spec-irrelevant change triggers a full pass: no pod or status write follows.
     before = {p["metadata"]["name"]: p["metadata"]["resourceVersion"] for p in pods}
@@ -78,8 +77,8 @@ def test_worker_exit_137_restarts_the_gang_exit_1_fails_the_job(
     assert not {p["metadata"]["uid"] for p in old} & {p["metadata"]["uid"] for p in new}
     env = {e["name"]: e.get("value") for e in new[0]["spec"]["containers"][0]["env"]}
     assert env["TORCHFLEET_RESTART_COUNT"] == "1"
-    warnings = {e["reason"] for e in job_driver.events(namespace, "llm") if e["type"] == "Warning"}
-    assert "PodFailed" in warnings  # the Restarting transition, with the failure as reason
+    # The Restarting transition, with the failure as its reason.
+    job_driver.wait_events(namespace, "llm", {"PodFailed"}, type="Warning")
     assert (
         shared_operator.metric("torchfleet_operator_gang_restarts_total", reason="PodFailed") >= 1
     )
