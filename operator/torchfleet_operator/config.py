@@ -25,6 +25,10 @@ class OperatorConfig:
     node_lost_grace_seconds: float = 30.0
     # How often the master's /metrics is read for status.progress; 0 disables.
     progress_interval_seconds: float = 15.0
+    # Pod events wake their job this long after the first one, so that a gang's
+    # burst of events (created, scheduled, Running x 9) is one pass and one
+    # status write, not nine (the Job controller's podUpdateBatchPeriod).
+    pod_event_batch_seconds: float = 1.0
     # Every job is reconciled at least this often, whatever the events say.
     resync_seconds: float = 300.0
     # Concurrent reconciles, and concurrent API calls within one reconcile.

@@ -93,6 +93,9 @@ class Controller:
         self.queue.add(key)
         metrics.QUEUE_DEPTH.set(len(self.queue))
 
+    def pod_changed(self, key: JobKey) -> None:
+        self.queue.add_after(key, self.config.pod_event_batch_seconds)
+
     def job_deleted(self, key: JobKey, uid: str | None) -> None:
         self.queue.forget(key)
         self._expectations.pop(key, None)

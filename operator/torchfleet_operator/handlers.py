@@ -136,7 +136,7 @@ async def job_changed(
 
 @kopf.on.event("pods", labels=CHILD)
 async def pod_changed(namespace: str | None, labels: kopf.Labels, memo: Any, **_: Any) -> None:
-    _controller(memo).enqueue(_key(namespace, labels[JOB_NAME_LABEL]))
+    _controller(memo).pod_changed(_key(namespace, labels[JOB_NAME_LABEL]))
 
 
 @kopf.on.event("nodes")

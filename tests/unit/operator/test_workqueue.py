@@ -1,9 +1,15 @@
-"""The work queue coalesces triggers and never hands one key to two workers."""
+"""The work queue coalesces triggers and never hands one key to two workers;
+pod events are batched per job."""
 
 from __future__ import annotations
 
 import asyncio
 
+from kubernetes import client
+
+from torchfleet_operator.config import OperatorConfig
+from torchfleet_operator.controller import Controller
+from torchfleet_operator.kube import Executor
 from torchfleet_operator.workqueue import WorkQueue
 
 
@@ -59,3 +65,19 @@ def test_forget_cancels_a_pending_wakeup():
         return len(queue)
 
     assert run(scenario()) == 0
+
+
+def test_a_burst_of_pod_events_wakes_the_job_once_after_the_batch_period():
+    async def scenario():
+        config = OperatorConfig(pod_event_batch_seconds=0.2)
+        controller = Controller(config, Executor(client.ApiClient(), 1), "image:1")
+        for _ in range(27):  # 9 pods created, scheduled, Running
+            controller.pod_changed(("team", "llm"))
+            await asyncio.sleep(0.001)
+        during = len(controller.queue)
+        await asyncio.sleep(0.3)
+        after = len(controller.queue)
+        await controller.stop()
+        return during, after
+
+    assert run(scenario()) == (0, 1)
