@@ -264,6 +264,7 @@ def operator_run(
         time.sleep(0.5)
         before_api = apiserver_requests(raw)
         before_own = operator.metric("torchfleet_operator_api_requests_total")
+        before_patches = operator.metric("torchfleet_operator_api_requests_total", verb="PATCH")
         started: dict[str, float] = {}
         admission: dict[str, float] = {}
         path = f"/apis/torchfleet.dev/v1alpha1/namespaces/{namespace}/trainingjobs"
@@ -306,8 +307,12 @@ def operator_run(
         )
         after_api = apiserver_requests(raw)
         own = operator.metric("torchfleet_operator_api_requests_total") - before_own
+        patches = (
+            operator.metric("torchfleet_operator_api_requests_total", verb="PATCH") - before_patches
+        )
         result = summary(jobs, started, watch, t0, created_at, after_api - before_api)
         result["operator_api_calls_per_job"] = own / jobs
+        result["operator_status_writes_per_job"] = patches / jobs  # its only PATCHes
         result["job_create_p50_s"] = statistics.median(admission.values())
         result.update(process_usage(operator.process.pid))
         watch.stop.set()
@@ -429,6 +434,7 @@ def print_table(results: dict[str, Any]) -> None:
         print(f"{label:38}{base[key]:12.2f}{op[key]:12.2f}")
     print(f"{'TrainingJob POST (admission) p50 (s)':38}{'':12}{op['job_create_p50_s']:12.2f}")
     print(f"{'operator API calls per job (own)':38}{'':12}{op['operator_api_calls_per_job']:12.2f}")
+    print(f"{'  of which status writes':38}{'':12}{op['operator_status_writes_per_job']:12.2f}")
     print(f"{'operator peak RSS (MiB)':38}{'':12}{op['operator_peak_rss_mib']:12.1f}")
     print(f"{'operator CPU seconds':38}{'':12}{op['operator_cpu_seconds']:12.1f}")
     ratio = results["ratio_operator_vs_baseline"]
