@@ -448,11 +448,12 @@ def _create_missing(
     template = spec.checkpoint.claim_template if spec.checkpoint else None
     if template is not None and not observed.has_checkpoint_claim:
         step.plan.create.append(pvc.checkpoint_claim(step.name, step.namespace, step.uid, template))
-    present = {p.name for p in gang} | observed.expected_created
+    # Pods the apiserver refused a moment ago wait for their back-off.
+    skip = {p.name for p in gang} | observed.expected_created | observed.held
     pods = [
         build_pod(step.name, step.namespace, step.uid, spec, rank, restart, image, shm_size)
         for rank in range(spec.nodes)
-        if pod_name_for_rank(step.name, rank) not in present
+        if pod_name_for_rank(step.name, rank) not in skip
     ]
     # The PodGroup is not watched (its CRD may not exist): it is posted with
     # every batch of pods that need it, and a 409 means it is there. So a group
@@ -461,8 +462,8 @@ def _create_missing(
     if group is not None and pods:
         plan_create.append(group)
     plan_create.extend(pods)
-    # What the apiserver refused a moment ago waits for its back-off; pods also
-    # wait for a refused service, claim or PodGroup (they depend on it).
+    # So does a refused service, claim or PodGroup, and the pods with it (they
+    # depend on it).
     waiting = [m for m in plan_create if m["metadata"]["name"] in observed.held]
     blocked = any(m["kind"] != "Pod" for m in waiting)
     step.plan.create = [
