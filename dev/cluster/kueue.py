@@ -1,0 +1,262 @@
+"""Kueue beside the local control plane: out of cluster, started on demand.
+
+Kueue (version pinned in ``kueue/versions.env``) is built from its Go module
+by ``kueue/build.sh``, which also copies its CRDs and webhook manifests from
+the same module into the cache. Here it runs as a local process against the
+local apiserver, as a real install would run in a pod:
+
+* its CRDs are applied from the module (server-side: the Workload CRD is
+  larger than client-side apply's annotation limit);
+* it serves its webhooks on 127.0.0.1 with a certificate signed by the
+  cluster's CA; the Mutating/ValidatingWebhookConfigurations from the module
+  are registered with ``clientConfig.url`` pointing there (no Service), and
+  only the webhooks for Kueue's own objects: a webhook for pods or Jobs would
+  put every pod of the cluster behind this process;
+* its Configuration: no internal certificate management, no leader election,
+  ``manageJobsWithoutQueueName: false``, TrainingJob declared an external
+  framework (torchfleet's operator is its job integration), and the
+  visibility server, MultiKueue and provisioning off (fixed ports or APIs the
+  local cluster lacks).
+
+Ports come from ``TORCHFLEET_KUEUE_{WEBHOOK,HEALTH,METRICS}_PORT``. Readiness
+is Kueue's own ``/readyz`` (true once the webhook server serves). Logs go to
+``.cluster/logs/kueue.log``. Standard library only, like localcluster.py.
+
+    python dev/cluster/localcluster.py up --with kueue
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+NAME = "kueue"
+NAMESPACE = "kueue-system"
+KUEUE_GROUP = "kueue.x-k8s.io"
+# Kueue integrates TrainingJob through torchfleet's operator, as an external framework.
+EXTERNAL_FRAMEWORKS = ("TrainingJob.v1alpha1.torchfleet.dev",)
+# Off: the visibility API server binds a fixed port (8082) and needs an
+# APIService; MultiKueue and ProvisioningRequest checks need other clusters/APIs.
+FEATURE_GATES = "VisibilityOnDemand=false,MultiKueue=false,ProvisioningACC=false"
+WEBHOOK_CONFIG_NAMES = {
+    "MutatingWebhookConfiguration": "kueue-mutating-webhook-configuration",
+    "ValidatingWebhookConfiguration": "kueue-validating-webhook-configuration",
+}
+
+
+@dataclass(frozen=True)
+class KueuePorts:
+    webhook: int = int(os.environ.get("TORCHFLEET_KUEUE_WEBHOOK_PORT", "19443"))
+    health: int = int(os.environ.get("TORCHFLEET_KUEUE_HEALTH_PORT", "18081"))
+    metrics: int = int(os.environ.get("TORCHFLEET_KUEUE_METRICS_PORT", "18080"))
+
+
+def build() -> Path:
+    """The cache folder with bin/kueue, crds/ and webhooks.yaml (built when missing)."""
+    out = subprocess.run(
+        [str(HERE / "kueue" / "build.sh")], check=True, stdout=subprocess.PIPE, text=True
+    )
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+class Kueue:
+    def __init__(self, cluster: Any, ports: KueuePorts | None = None) -> None:
+        self.cluster = cluster  # a localcluster.LocalCluster
+        # localcluster's helpers, from the module object the cluster came from
+        # (``__main__`` when run as a script, ``localcluster`` under pytest).
+        self.lc: ModuleType = sys.modules[type(cluster).__module__]
+        self.ports = ports or KueuePorts()
+        self.root = cluster.root / NAME
+        self.certs = self.root / "certs"
+        self.config_file = self.root / "config.json"
+
+    # ---- lifecycle -------------------------------------------------------
+
+    def up(self) -> None:
+        """Starts Kueue (or keeps a healthy one) against the running cluster."""
+        log, wait_for = self.lc.log, self.lc.wait_for
+        built = build()
+        if self.healthy():
+            log("reusing the running kueue")
+        else:
+            self.down(quiet=True)
+            self.root.mkdir(parents=True, exist_ok=True)
+            link = self.cluster.bin / NAME
+            link.unlink(missing_ok=True)
+            link.symlink_to(built / "bin" / NAME)
+            self._install_crds(built / "crds")
+            self._make_serving_cert()
+            self._write_config()
+            self.cluster.kubectl("apply", "-f", "-", stdin=json.dumps(_namespace()))
+            self.cluster._start(NAME, self._args())
+            wait_for(self._ready, "kueue /readyz", 120)
+        # Registered only once Kueue serves them: a webhook with failurePolicy
+        # Fail and nobody behind it would refuse every Kueue object.
+        self._register_webhooks(built / "webhooks.yaml")
+        wait_for(self._webhooks_answer, "kueue webhooks answering through the apiserver", 60)
+        log(f"kueue ready (webhook 127.0.0.1:{self.ports.webhook})")
+
+    def down(self, quiet: bool = False) -> None:
+        pid = self.cluster._pid(NAME)
+        if pid is not None:
+            # Unregister first, so the apiserver stops calling a webhook that is going away.
+            if self.cluster._https_ok(self.cluster.ports.apiserver, "/readyz"):
+                for kind, name in WEBHOOK_CONFIG_NAMES.items():
+                    self.cluster.kubectl("delete", kind, name, "--ignore-not-found")
+            self.lc.stop_process(pid)
+            if not quiet:
+                self.lc.log(f"stopped {NAME} (pid {pid})")
+        (self.cluster.run / f"{NAME}.pid").unlink(missing_ok=True)
+
+    def healthy(self) -> bool:
+        return self.cluster._pid(NAME) is not None and self._ready()
+
+    # ---- pieces ----------------------------------------------------------
+
+    def _args(self) -> list[str]:
+        return [
+            f"--config={self.config_file}",
+            f"--kubeconfig={self.cluster.kubeconfig}",
+            f"--feature-gates={FEATURE_GATES}",
+            "--zap-log-level=2",
+        ]
+
+    def _install_crds(self, crds: Path) -> None:
+        files = sorted(crds.glob("*.yaml"))
+        args = [arg for f in files for arg in ("-f", str(f))]
+        self.cluster.kubectl("apply", "--server-side", "--force-conflicts", *args)
+        names = [f.stem.split("_", 1)[1] + "." + KUEUE_GROUP for f in files]
+
+        def established() -> bool:
+            listed = json.loads(self.cluster.kubectl("get", "crd", *names, "-o", "json"))
+            return all(
+                any(
+                    c["type"] == "Established" and c["status"] == "True"
+                    for c in (crd.get("status") or {}).get("conditions") or []
+                )
+                for crd in listed["items"]
+            )
+
+        self.lc.wait_for(established, "kueue CRDs Established", 60)
+
+    def _make_serving_cert(self) -> None:
+        self.certs.mkdir(parents=True, exist_ok=True)
+        pki = self.cluster.pki
+        if not (pki / "kueue-webhook.crt").exists():
+            self.cluster._signed_cert(
+                "kueue-webhook",
+                "/CN=kueue-webhook",
+                "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth",
+            )
+        # controller-runtime's webhook server reads tls.crt / tls.key from certDir.
+        shutil.copyfile(pki / "kueue-webhook.crt", self.certs / "tls.crt")
+        shutil.copyfile(pki / "kueue-webhook.key", self.certs / "tls.key")
+
+    def _write_config(self) -> None:
+        config = {
+            "apiVersion": "config.kueue.x-k8s.io/v1beta1",
+            "kind": "Configuration",
+            "namespace": NAMESPACE,
+            "health": {"healthProbeBindAddress": f"127.0.0.1:{self.ports.health}"},
+            "metrics": {"bindAddress": f"127.0.0.1:{self.ports.metrics}"},
+            "webhook": {
+                "port": self.ports.webhook,
+                "host": "127.0.0.1",
+                "certDir": str(self.certs),
+            },
+            "leaderElection": {"leaderElect": False},
+            "internalCertManagement": {"enable": False},
+            "manageJobsWithoutQueueName": False,
+            "integrations": {
+                # Kueue insists on one built-in framework; batch/job manages only
+                # Jobs that carry a queue name, and its webhook is not registered.
+                "frameworks": ["batch/job"],
+                "externalFrameworks": list(EXTERNAL_FRAMEWORKS),
+            },
+        }
+        # JSON is YAML: Kueue reads either.
+        self.config_file.write_text(json.dumps(config, indent=2))
+
+    def _register_webhooks(self, manifests: Path) -> None:
+        converted = self.cluster.kubectl(
+            "create", "--dry-run=client", "-o", "json", "-f", str(manifests)
+        )
+        ca = base64.b64encode((self.cluster.pki / "ca.crt").read_bytes()).decode()
+        objects = [
+            local_webhook_configuration(obj, self.ports.webhook, ca)
+            for obj in json_documents(converted)
+        ]
+        self.cluster.kubectl(
+            "apply",
+            "-f",
+            "-",
+            stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}),
+        )
+
+    def _ready(self) -> bool:
+        return self.cluster._http_ok(f"http://127.0.0.1:{self.ports.health}/readyz")
+
+    def _webhooks_answer(self) -> bool:
+        """A server-side dry run of a ResourceFlavor goes through Kueue's webhooks."""
+        flavor = {
+            "apiVersion": f"{KUEUE_GROUP}/v1beta1",
+            "kind": "ResourceFlavor",
+            "metadata": {"name": "torchfleet-webhook-probe"},
+        }
+        try:
+            self.cluster.kubectl("create", "--dry-run=server", "-f", "-", stdin=json.dumps(flavor))
+        except self.lc.ClusterError:
+            return False
+        return True
+
+
+def local_webhook_configuration(obj: dict[str, Any], port: int, ca_bundle: str) -> dict[str, Any]:
+    """Kueue's webhook configuration, kept to its own objects and pointed at 127.0.0.1."""
+    webhooks = []
+    for hook in obj.get("webhooks") or []:
+        groups = {g for rule in hook.get("rules") or [] for g in rule.get("apiGroups") or []}
+        if groups != {KUEUE_GROUP}:
+            continue
+        path = (hook["clientConfig"].get("service") or {}).get("path", "/")
+        hook = {
+            **hook,
+            "clientConfig": {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca_bundle},
+        }
+        webhooks.append(hook)
+    kind = obj["kind"]
+    return {
+        "apiVersion": obj["apiVersion"],
+        "kind": kind,
+        "metadata": {
+            "name": WEBHOOK_CONFIG_NAMES[kind],
+            "labels": {"app.kubernetes.io/name": NAME},
+        },
+        "webhooks": webhooks,
+    }
+
+
+def json_documents(text: str) -> list[dict[str, Any]]:
+    """kubectl prints one JSON object per input document, back to back."""
+    decoder = json.JSONDecoder()
+    found, at = [], 0
+    while at < len(text):
+        while at < len(text) and text[at].isspace():
+            at += 1
+        if at == len(text):
+            break
+        obj, at = decoder.raw_decode(text, at)
+        found.extend(obj.get("items", [obj]) if obj.get("kind") == "List" else [obj])
+    return found
+
+
+def _namespace() -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}

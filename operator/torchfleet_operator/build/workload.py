@@ -1,0 +1,136 @@
+"""The Kueue Workload of a queued TrainingJob: what the gang asks the queue for. Pure.
+
+As Kueue's own job integrations do (jobframework): one Workload per job,
+controlled by it, named as jobframework names them (``trainingjob-<job>-<hash>``,
+the hash over kind, group, name and uid, so a re-created job gets a new one),
+with the queue name, the priority and one PodSet per role whose template
+carries the pods' real scheduling inputs (resource requests, nodeSelector,
+tolerations, affinity), from the same builder that makes the pods. When the
+job's pods would ask for something else (the spec changed while it was
+suspended), the Workload no longer matches and is replaced.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from torchfleet_operator.api.constants import GROUP, KIND, KUEUE_QUEUE_LABEL
+from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
+from torchfleet_operator.build import labels, names
+from torchfleet_operator.build.pods import build_pod
+
+KUEUE_API = "kueue.x-k8s.io/v1beta1"
+WORKLOAD_KIND = "Workload"
+WORKLOAD_PLURAL = "workloads"
+# Kueue labels a Workload with its job's uid (jobframework's JobUIDLabel).
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+PRIORITY_CLASS_SOURCE = "scheduling.k8s.io/priorityclass"
+# Pod spec fields Kueue reads from a PodSet template: requests (containers,
+# init containers, overhead) and where the pods may go (flavor matching).
+_SCHEDULING_FIELDS = (
+    "nodeSelector",
+    "tolerations",
+    "affinity",
+    "priorityClassName",
+    "runtimeClassName",
+    "overhead",
+    "schedulerName",
+)
+_CONTAINER_FIELDS = ("name", "image", "resources", "restartPolicy")
+
+
+def workload_name(job: str, uid: str) -> str:
+    """jobframework's GetWorkloadNameForOwnerWithGVK, for TrainingJob."""
+    digest = hashlib.sha1(f"{KIND}\n{GROUP}\n{job}\n{uid}".encode()).hexdigest()
+    return f"{KIND.lower()}-{job}-{digest[:5]}"
+
+
+def queue_name(spec: TrainingJobSpec, job_labels: dict[str, str] | None) -> str | None:
+    """spec.scheduling.queueName, else Kueue's queue-name label on the job."""
+    return spec.scheduling.queue_name or (job_labels or {}).get(KUEUE_QUEUE_LABEL) or None
+
+
+def _template(pod: dict[str, Any]) -> dict[str, Any]:
+    spec = pod["spec"]
+    template_spec: dict[str, Any] = {k: spec[k] for k in _SCHEDULING_FIELDS if k in spec}
+    for key in ("containers", "initContainers"):
+        if spec.get(key):
+            template_spec[key] = [{k: c[k] for k in _CONTAINER_FIELDS if k in c} for c in spec[key]]
+    return {
+        "metadata": {"labels": dict(pod["metadata"].get("labels") or {})},
+        "spec": template_spec,
+    }
+
+
+def pod_sets(
+    job: str, namespace: str, uid: str, spec: TrainingJobSpec, image: str
+) -> list[dict[str, Any]]:
+    """One PodSet per role: master (count 1) and, when there are any, worker (count N)."""
+    sets = [
+        {
+            "name": names.MASTER_ROLE,
+            "count": 1,
+            "template": _template(build_pod(job, namespace, uid, spec, 0, 0, image)),
+        }
+    ]
+    if spec.worker.replicas:
+        sets.append(
+            {
+                "name": names.WORKER_ROLE,
+                "count": spec.worker.replicas,
+                "template": _template(build_pod(job, namespace, uid, spec, 1, 0, image)),
+            }
+        )
+    return sets
+
+
+def workload(
+    job: str,
+    namespace: str,
+    uid: str,
+    spec: TrainingJobSpec,
+    queue: str,
+    priority: int | None,
+    image: str,
+) -> dict[str, Any]:
+    """The Workload manifest; ``priority`` is the value of the job's PriorityClass."""
+    body: dict[str, Any] = {
+        "queueName": queue,
+        "podSets": pod_sets(job, namespace, uid, spec, image),
+    }
+    if spec.scheduling.priority_class_name:
+        body["priorityClassName"] = spec.scheduling.priority_class_name
+        body["priorityClassSource"] = PRIORITY_CLASS_SOURCE
+    # Kueue's webhook requires a priority with a class; without one it is 0.
+    body["priority"] = priority or 0
+    return {
+        "apiVersion": KUEUE_API,
+        "kind": WORKLOAD_KIND,
+        "metadata": {
+            "name": workload_name(job, uid),
+            "namespace": namespace,
+            "labels": {**labels.common_labels(job), JOB_UID_LABEL: uid},
+            "ownerReferences": [labels.owner_reference(job, uid)],
+        },
+        "spec": body,
+    }
+
+
+def pod_set_signature(sets: list[dict[str, Any]]) -> list[tuple[str, int, Any]]:
+    """What must match between a Workload and the job for the Workload to stand:
+    each PodSet's name, count and containers' requests (jobframework compares
+    the same, as EquivalentToWorkload)."""
+
+    def requests(template: dict[str, Any]) -> Any:
+        spec = template.get("spec") or {}
+        return [
+            ((c.get("resources") or {}).get("requests") or {})
+            for key in ("initContainers", "containers")
+            for c in spec.get(key) or []
+        ]
+
+    return [
+        (str(s.get("name")), int(s.get("count") or 0), requests(s.get("template") or {}))
+        for s in sets
+    ]

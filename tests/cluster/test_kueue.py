@@ -1,0 +1,200 @@
+"""The operator as TrainingJob's Kueue integration, against a real Kueue (v0.10.6,
+dev/cluster/kueue.py) and KWOK's fake 8-GPU nodes: quota, flavors, preemption,
+a queue that does not exist.
+
+Each test has its own namespace, LocalQueue and (cluster-scoped, uniquely
+named) ClusterQueue, ResourceFlavors and PriorityClasses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.fixtures.kueue import job_condition, wait_condition, workloads
+from tests.fixtures.operator import kwok_job_spec
+
+pytestmark = pytest.mark.cluster
+
+GPU = "nvidia.com/gpu"
+
+
+def gpu_job(queue: str, priority_class: str | None = None, gpus: int = 8) -> dict[str, Any]:
+    """1+0: one master pod with ``gpus`` GPUs, queued in ``queue``."""
+    scheduling: dict[str, Any] = {"queueName": queue}
+    if priority_class:
+        scheduling["priorityClassName"] = priority_class
+    return kwok_job_spec(workers=0, resources={"gpus": gpus}, scheduling=scheduling)
+
+
+def test_quota_admits_two_of_three_and_the_third_runs_when_the_first_finishes(
+    kueue, shared_operator, job_driver, kueue_objects, namespace
+):
+    flavor = kueue_objects.flavor("default")
+    cq = kueue_objects.cluster_queue("gpus16", [(flavor, {GPU: 16})])
+    queue = kueue_objects.local_queue(namespace, "team-a", cq)
+    for name in ("first", "second", "third"):
+        job_driver.create(namespace, name, gpu_job(queue))
+        # Created in order, so Kueue (StrictFIFO by creation time) admits first and second.
+        job_driver.wait_for(
+            f"the Workload of {name}",
+            lambda n=name: any(
+                w["metadata"]["labels"].get("torchfleet.dev/job-name") == n
+                for w in workloads(job_driver, namespace)
+            ),
+        )
+    for name in ("first", "second"):
+        job_driver.wait_running_pods(namespace, name, 1)
+        job_driver.wait_phase(namespace, name, "Running")
+        admitted = job_condition(job_driver, namespace, name, "Admitted")
+        assert admitted and admitted["status"] == "True"
+
+    waiting = wait_condition(
+        job_driver,
+        namespace,
+        "third",
+        "QuotaReserved",
+        lambda c: c["status"] == "False" and "insufficient" in c.get("message", ""),
+    )
+    # Kueue's own words, e.g. "couldn't assign flavors to pod set master:
+    # insufficient unused quota for nvidia.com/gpu in flavor default-..., 8 more needed".
+    assert GPU in waiting["message"], waiting
+    assert job_driver.status(namespace, "third")["phase"] == "Pending"
+    assert job_driver.pods(namespace, "third") == []
+    (workload,) = [
+        w
+        for w in workloads(job_driver, namespace)
+        if w["metadata"]["labels"]["torchfleet.dev/job-name"] == "third"
+    ]
+    owner = workload["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["controller"]) == ("TrainingJob", "third", True)
+    (master_set,) = workload["spec"]["podSets"]
+    assert master_set["name"] == "master" and master_set["count"] == 1
+    requests = master_set["template"]["spec"]["containers"][0]["resources"]["requests"]
+    assert requests[GPU] == "8"
+
+    job_driver.succeed_pod(namespace, "first-master-0")
+    job_driver.wait_phase(namespace, "first", "Succeeded")
+    job_driver.wait_for(
+        "the first job's Workload Finished",
+        lambda: any(
+            c["type"] == "Finished" and c["status"] == "True"
+            for w in workloads(job_driver, namespace)
+            if w["metadata"]["labels"]["torchfleet.dev/job-name"] == "first"
+            for c in w["status"].get("conditions", [])
+        ),
+    )
+    job_driver.wait_running_pods(namespace, "third", 1, timeout=90)
+    job_driver.wait_phase(namespace, "third", "Running")
+    assert job_condition(job_driver, namespace, "third", "QuotaReserved")["status"] == "True"
+
+
+def test_admitted_flavor_puts_its_node_labels_on_the_pods(
+    kueue, shared_operator, job_driver, kueue_objects, cluster, namespace
+):
+    pool_label = "torchfleet.dev/test-pool"
+    pool_a, pool_b = kueue_objects.name("pool-a"), kueue_objects.name("pool-b")
+    nodes = {pool_a: "gpu-node-0", pool_b: "gpu-node-1"}
+    for pool, node in nodes.items():
+        cluster.kubectl("label", "node", node, f"{pool_label}={pool}", "--overwrite")
+    try:
+        # pool-a has no GPUs to give: Kueue assigns pool-b, and the pods must go there.
+        flavor_a = kueue_objects.flavor("pool-a", {pool_label: pool_a})
+        flavor_b = kueue_objects.flavor("pool-b", {pool_label: pool_b})
+        cq = kueue_objects.cluster_queue("pools", [(flavor_a, {GPU: 0}), (flavor_b, {GPU: 16})])
+        queue = kueue_objects.local_queue(namespace, "team-a", cq)
+        # 1+1 pods of 4 GPUs: both fit on pool-b's one 8-GPU node.
+        spec = kwok_job_spec(workers=1, resources={"gpus": 4}, scheduling={"queueName": queue})
+        job_driver.create(namespace, "placed", spec)
+        pods = job_driver.wait_running_pods(namespace, "placed", 2)
+        for pod in pods:
+            assert pod["spec"]["nodeSelector"][pool_label] == pool_b
+            assert pod["spec"]["nodeName"] == nodes[pool_b]
+        (workload,) = workloads(job_driver, namespace)
+        assignments = workload["status"]["admission"]["podSetAssignments"]
+        assert {a["name"]: a["flavors"][GPU] for a in assignments} == {
+            "master": flavor_b,
+            "worker": flavor_b,
+        }
+    finally:
+        for node in nodes.values():
+            cluster.kubectl("label", "node", node, f"{pool_label}-", check=False)
+
+
+def test_preempted_job_stops_waits_and_resumes_without_counting_a_restart(
+    kueue, shared_operator, job_driver, kueue_objects, namespace
+):
+    low = kueue_objects.priority_class("low", 100)
+    high = kueue_objects.priority_class("high", 1000)
+    flavor = kueue_objects.flavor("default")
+    cq = kueue_objects.cluster_queue(
+        "one-job",
+        [(flavor, {GPU: 8})],
+        preemption={"withinClusterQueue": "LowerPriority"},
+    )
+    queue = kueue_objects.local_queue(namespace, "team-a", cq)
+    job_driver.create(namespace, "low", gpu_job(queue, low))
+    (low_pod,) = job_driver.wait_running_pods(namespace, "low", 1)
+    job_driver.wait_phase(namespace, "low", "Running")
+
+    job_driver.create(namespace, "high", gpu_job(queue, high))
+    evicted = wait_condition(
+        job_driver, namespace, "low", "Evicted", lambda c: c["status"] == "True"
+    )
+    assert evicted["reason"] == "Preempted", evicted
+    assert "evicted by Kueue" in evicted["message"]
+    job_driver.wait_running_pods(namespace, "high", 1, timeout=90)
+    job_driver.wait_phase(namespace, "high", "Running")
+    assert job_driver.get_core(namespace, "pods", low_pod["metadata"]["name"]) is None
+    status = job_driver.status(namespace, "low")
+    assert status["phase"] == "Pending"
+    assert status["disruptions"] == 1 and status["restartCount"] == 0
+    assert job_condition(job_driver, namespace, "low", "QuotaReserved")["status"] == "False"
+
+    job_driver.succeed_pod(namespace, "high-master-0")
+    job_driver.wait_phase(namespace, "high", "Succeeded")
+    (again,) = job_driver.wait_running_pods(namespace, "low", 1, timeout=90)
+    assert again["metadata"]["uid"] != low_pod["metadata"]["uid"]
+    status = job_driver.wait_phase(namespace, "low", "Running")
+    assert status["restartCount"] == 0 and status["disruptions"] == 1
+    assert job_condition(job_driver, namespace, "low", "Evicted")["status"] == "False"
+
+
+def test_a_queue_that_does_not_exist_is_reported_in_kueues_words(
+    kueue, shared_operator, job_driver, namespace
+):
+    job_driver.create(namespace, "lost", gpu_job("no-such-queue"))
+    reserved = wait_condition(
+        job_driver,
+        namespace,
+        "lost",
+        "QuotaReserved",
+        lambda c: "no-such-queue" in c.get("message", ""),
+    )
+    assert reserved["status"] == "False"
+    assert "doesn't exist" in reserved["message"], reserved
+    assert job_driver.pods(namespace, "lost") == []
+
+    # No hot loop: a pass forced by a label change writes nothing more.
+    passes = shared_operator.metric("torchfleet_operator_reconcile_duration_seconds_count")
+    job_driver.patch(namespace, "lost", {"metadata": {"labels": {"touched": "yes"}}})
+    job_driver.wait_for(
+        "the pass the label change triggers",
+        lambda: (
+            shared_operator.metric("torchfleet_operator_reconcile_duration_seconds_count") > passes
+        ),
+    )
+    touched = job_driver.get(namespace, "lost")
+    assert touched["metadata"]["labels"]["touched"] == "yes"
+    job_driver.patch(namespace, "lost", {"metadata": {"labels": {"touched": "twice"}}})
+    after = shared_operator.metric("torchfleet_operator_reconcile_duration_seconds_count")
+    job_driver.wait_for(
+        "the second pass",
+        lambda: (
+            shared_operator.metric("torchfleet_operator_reconcile_duration_seconds_count") > after
+        ),
+    )
+    assert job_driver.status(namespace, "lost") == touched["status"]
+    assert shared_operator.metric("torchfleet_operator_reconcile_errors_total") == 0
+    assert shared_operator.process.poll() is None

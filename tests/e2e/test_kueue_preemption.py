@@ -1,0 +1,124 @@
+"""Kueue preemption with real training: the preempted trainer saves at the step it
+reached, and the re-admitted job resumes at exactly that step.
+
+A low-priority Shakespeare job (examples/shakespeare-ddp.yaml, checkpoints every
+50 steps) trains in a ClusterQueue with room for one job's CPUs. A
+high-priority job arrives: Kueue preempts the low one, the operator deletes its
+pods with their grace period, the trainer gets SIGTERM and saves a checkpoint at
+its current step (not a multiple of 50), the quota is handed back, the high job
+runs and ends; Kueue re-admits the low job, which resumes at that step and
+finishes with the validation loss of an uninterrupted run (the same threshold
+as test_training.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import pytest
+
+from tests.e2e.test_training import (
+    SHAKESPEARE,
+    TOTAL_STEPS,
+    VAL_LOSS_THRESHOLD,
+    events,
+    failure_report,
+    get_job,
+    wait_job,
+    write_corpus,
+)
+from tests.fixtures.e2e import LOCAL_PLACEMENT, apply_objects
+
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.timeout(1200)]
+
+CHECKPOINT_INTERVAL = SHAKESPEARE["spec"]["trainer"]["checkpoint"]["interval"]
+# Preempt once the trainer is past this step and off the periodic checkpoints.
+PREEMPT_AFTER_STEP = CHECKPOINT_INTERVAL + 10
+
+
+def queued(manifest: dict[str, Any], name: str, queue: str, priority: str) -> dict[str, Any]:
+    job = copy.deepcopy(manifest)
+    job["metadata"] = {"name": name}
+    job["spec"]["scheduling"] = {"queueName": queue, "priorityClassName": priority}
+    return job
+
+
+def short_job(name: str, queue: str, priority: str) -> dict[str, Any]:
+    """Same shape and CPUs as the Shakespeare job, runs a few seconds and succeeds."""
+    template = {"spec": copy.deepcopy(LOCAL_PLACEMENT)}
+    return {
+        "apiVersion": "torchfleet.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "resources": {"cpu": 1, "memory": "2Gi"},
+            "command": ["python", "-c", "import time; time.sleep(5)"],
+            "master": {"template": template},
+            "worker": {"replicas": 1, "template": template},
+            "scheduling": {"queueName": queue, "priorityClassName": priority},
+        },
+    }
+
+
+def test_preempted_job_resumes_at_the_step_it_was_preempted(
+    cluster, kueue, kueue_objects, node_agent, e2e_operator, e2e_namespace
+):
+    namespace = e2e_namespace
+    low = kueue_objects.priority_class("e2e-low", 100)
+    high = kueue_objects.priority_class("e2e-high", 1000)
+    flavor = kueue_objects.flavor("e2e-cpu")
+    # Room for exactly one job: 2 pods x (1 CPU, 2Gi).
+    cq = kueue_objects.cluster_queue(
+        "e2e-one-job",
+        [(flavor, {"cpu": 2, "memory": "4Gi"})],
+        preemption={"withinClusterQueue": "LowerPriority"},
+    )
+    queue = kueue_objects.local_queue(namespace, "team-a", cq)
+    write_corpus(cluster, namespace, node_agent)
+    name = "low"
+    master = f"{name}-master-0"
+    apply_objects(cluster, namespace, queued(SHAKESPEARE, name, queue, low))
+
+    def first_run() -> str:
+        return (node_agent.logs(namespace, master, "trainer") or [""])[0]
+
+    try:
+        deadline = time.monotonic() + 540
+        while not any(e["step"] >= PREEMPT_AFTER_STEP for e in events(first_run(), "step")):
+            assert time.monotonic() < deadline, f"no step {PREEMPT_AFTER_STEP} in 540s"
+            time.sleep(0.5)
+        apply_objects(cluster, namespace, short_job("urgent", queue, high))
+
+        # The low job's trainer got SIGTERM and saved where it was.
+        deadline = time.monotonic() + 120
+        while not events(first_run(), "preempted"):
+            assert time.monotonic() < deadline, "the low job's trainer was never preempted"
+            time.sleep(0.5)
+        (preempted,) = events(first_run(), "preempted")
+        stopped_at = preempted["step"]
+        assert stopped_at > PREEMPT_AFTER_STEP - 1 and stopped_at % CHECKPOINT_INTERVAL != 0
+        assert stopped_at in [e["step"] for e in events(first_run(), "checkpoint")]
+        job = get_job(cluster, namespace, name)
+        evicted = next(c for c in job["status"]["conditions"] if c["type"] == "Evicted")
+        assert evicted["status"] == "True" and evicted["reason"] == "Preempted", evicted
+
+        assert wait_job(cluster, namespace, "urgent", {"Succeeded"}, 300)
+        job = wait_job(cluster, namespace, name, {"Succeeded", "Failed"}, 540)
+        assert job["status"]["phase"] == "Succeeded", job["status"]
+        assert job["status"]["restartCount"] == 0 and job["status"]["disruptions"] == 1
+
+        runs = node_agent.logs(namespace, master, "trainer")
+        assert len(runs) == 2, f"expected the preempted run and the resumed one: {len(runs)}"
+        final = runs[-1]
+        assert [e["step"] for e in events(final, "resumed")] == [stopped_at]
+        steps_after = [e["step"] for e in events(final, "step")]
+        assert min(steps_after) > stopped_at and max(steps_after) == TOTAL_STEPS
+        evals = events(final, "eval")
+        assert evals and evals[-1]["step"] == TOTAL_STEPS
+        assert evals[-1]["val_loss"] < VAL_LOSS_THRESHOLD
+    except AssertionError as error:
+        raise AssertionError(
+            f"{error}\n{failure_report(cluster, namespace, node_agent, e2e_operator)}"
+        ) from None
