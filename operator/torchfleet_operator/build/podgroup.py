@@ -1,9 +1,18 @@
-"""Gang scheduling: a PodGroup (scheduler-plugins or Volcano) with minMember = every pod."""
+"""Gang scheduling: the PodGroup (scheduler-plugins or Volcano) and how pods join it.
+
+The PodGroup asks for the whole gang: ``minMember`` = every pod and
+``minResources`` = the sum of every pod's requests (GPUs, RDMA, CPU, memory,
+sidecars included), so the gang scheduler can refuse a gang that cannot fit
+before it binds any pod of it.
+"""
 
 from __future__ import annotations
 
+import re
+from fractions import Fraction
 from typing import Any
 
+from torchfleet_operator.api.constants import TRAINER_CONTAINER_NAME
 from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
 from torchfleet_operator.build import labels, names
 
@@ -12,13 +21,14 @@ VOLCANO_API = "scheduling.volcano.sh/v1beta1"
 # How pods name their group, per scheduler.
 COSCHEDULING_POD_LABEL = "scheduling.x-k8s.io/pod-group"
 VOLCANO_POD_ANNOTATION = "scheduling.k8s.io/group-name"
-VOLCANO_SCHEDULER = "volcano"
+# How long a Coscheduling gang's pods wait for their siblings at the Permit
+# stage before the whole gang is rejected and retried. scheduler-plugins'
+# own default (60 s) is short for gangs of hundreds of pods on a busy cluster.
+DEFAULT_SCHEDULE_TIMEOUT_SECONDS = 300
 
 
 def scheduler_name(spec: TrainingJobSpec) -> str | None:
-    if spec.scheduling.scheduler_name:
-        return spec.scheduling.scheduler_name
-    return VOLCANO_SCHEDULER if spec.scheduling.pod_group == "Volcano" else None
+    return spec.scheduling.resolved_scheduler_name
 
 
 def pod_group(job: str, namespace: str, uid: str, spec: TrainingJobSpec) -> dict[str, Any] | None:
@@ -26,10 +36,14 @@ def pod_group(job: str, namespace: str, uid: str, spec: TrainingJobSpec) -> dict
     if kind == "None":
         return None
     body: dict[str, Any] = {"minMember": spec.nodes}
+    min_resources = gang_requests(spec)
+    if min_resources:
+        body["minResources"] = min_resources
     if kind == "Coscheduling":
         api_version = COSCHEDULING_API
-        if spec.scheduling.schedule_timeout_seconds:
-            body["scheduleTimeoutSeconds"] = spec.scheduling.schedule_timeout_seconds
+        body["scheduleTimeoutSeconds"] = (
+            spec.scheduling.schedule_timeout_seconds or DEFAULT_SCHEDULE_TIMEOUT_SECONDS
+        )
     else:
         api_version = VOLCANO_API
         if spec.scheduling.queue_name:
@@ -57,3 +71,92 @@ def pod_membership(job: str, spec: TrainingJobSpec) -> tuple[dict[str, str], dic
     if kind == "Volcano":
         return {}, {VOLCANO_POD_ANNOTATION: names.podgroup_name(job)}
     return {}, {}
+
+
+# ---- the gang's summed requests ---------------------------------------------------
+
+
+def gang_requests(spec: TrainingJobSpec) -> dict[str, str]:
+    """Every pod's requests added up: the master plus ``replicas`` workers."""
+    total = _pod_requests(spec, master=True)
+    worker = _pod_requests(spec, master=False)
+    for name, amount in worker.items():
+        total[name] = total.get(name, Fraction(0)) + amount * spec.worker.replicas
+    return {name: format_quantity(amount) for name, amount in sorted(total.items()) if amount}
+
+
+def _pod_requests(spec: TrainingJobSpec, master: bool) -> dict[str, Fraction]:
+    """A pod's requests as the scheduler counts them: the sum over its
+    containers (the trainer's resources, a template's own winning, plus
+    sidecars), at least the largest init container; a limit without a request
+    requests the limit."""
+    # Imported here: build.pods imports this module (pod membership).
+    from torchfleet_operator.build.pods import container_resources
+
+    template = spec.master.template if master else spec.worker.template
+    pod_spec = (template.spec if template else None) or {}
+    containers = list(pod_spec.get("containers") or [])
+    trainer: dict[str, Any] = next(
+        (c for c in containers if c.get("name") == TRAINER_CONTAINER_NAME), {}
+    )
+    sidecars = [c for c in containers if c.get("name") != TRAINER_CONTAINER_NAME]
+    ours = trainer.get("resources") or container_resources(spec)
+    total = _add(
+        _container_requests(ours), *(_container_requests(c.get("resources")) for c in sidecars)
+    )
+    for init in pod_spec.get("initContainers") or []:
+        for name, amount in _container_requests(init.get("resources")).items():
+            total[name] = max(total.get(name, Fraction(0)), amount)
+    return total
+
+
+def _container_requests(resources: Any) -> dict[str, Fraction]:
+    if not isinstance(resources, dict):
+        return {}
+    merged = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+    return {str(name): parse_quantity(value) for name, value in merged.items()}
+
+
+def _add(*parts: dict[str, Fraction]) -> dict[str, Fraction]:
+    total: dict[str, Fraction] = {}
+    for part in parts:
+        for name, amount in part.items():
+            total[name] = total.get(name, Fraction(0)) + amount
+    return total
+
+
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$")
+_SUFFIX = {
+    "n": Fraction(1, 10**9),
+    "u": Fraction(1, 10**6),
+    "m": Fraction(1, 1000),
+    "k": Fraction(10**3),
+    "M": Fraction(10**6),
+    "G": Fraction(10**9),
+    "T": Fraction(10**12),
+    "P": Fraction(10**15),
+    "E": Fraction(10**18),
+    **{s: Fraction(1024**i) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"), 1)},
+}
+
+
+def parse_quantity(value: Any) -> Fraction:
+    """A Kubernetes quantity (``8``, ``7500m``, ``64Gi``, ``1e3``) as an exact number.
+
+    Raises ValueError for anything else; the API server rejects such a pod too."""
+    match = _QUANTITY.match(str(value).strip())
+    if not match:
+        raise ValueError(f"not a Kubernetes quantity: {value!r}")
+    number, suffix = Fraction(match.group(1)), match.group(2) or ""
+    if suffix[:1] in ("e", "E"):
+        return number * Fraction(10) ** int(suffix[1:])
+    return number * _SUFFIX.get(suffix, Fraction(1))
+
+
+def format_quantity(amount: Fraction) -> str:
+    """Whole units where exact (``24``, ``1649267441664``), else milli-units
+    rounded up (``7500m``): a gang must never be asked for less than it needs."""
+    if amount.denominator == 1:
+        return str(amount.numerator)
+    milli = -(-amount.numerator * 1000 // amount.denominator)
+    return f"{milli}m"

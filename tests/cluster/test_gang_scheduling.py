@@ -1,0 +1,299 @@
+"""Gang scheduling against the real gang schedulers: all pods of a gang or none.
+
+scheduler-plugins' Coscheduling and Volcano run beside the local control plane
+(fixture ``gang_schedulers``); every test gets 4 KWOK nodes x 8 GPUs of its
+own (``gang_pool``), so a 3-node gang of 8-GPU pods fits once, two do not.
+Nothing here waits a fixed time to show that nothing happened: a test first
+waits until the scheduler has refused the gang (its reason is in the job's
+GangScheduled condition, its PodScheduled=False on the pods), then looks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.fixtures.gang import BLOCK_LABEL, GPU, SCHEDULER_NAME, GangPool, need
+
+GANG_KINDS = ["Coscheduling", "Volcano"]
+PODGROUP_PATH = {
+    "Coscheduling": "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{ns}/podgroups/{name}",
+    "Volcano": "/apis/scheduling.volcano.sh/v1beta1/namespaces/{ns}/podgroups/{name}",
+}
+
+
+@pytest.fixture(autouse=True)
+def release_gangs(cluster: Any, namespace: str) -> Iterator[None]:
+    """Deletes the test's PodGroups at once after it: the namespace goes
+    without waiting, and until then Volcano counts an admitted (Inqueue)
+    group's minResources as taken, holding the next test's gang back."""
+    yield
+    for plural in ("podgroups.scheduling.volcano.sh", "podgroups.scheduling.x-k8s.io"):
+        cluster.kubectl("delete", plural, "--all", "-n", namespace, check=False)
+
+
+def gang_spec(
+    pool: GangPool, kind: str, nodes: int = 3, gpus: int = 8, **scheduling: Any
+) -> dict[str, Any]:
+    """A job of ``nodes`` pods x ``gpus`` GPUs on the pool, gang-scheduled by ``kind``."""
+    chosen: dict[str, Any] = {"podGroup": kind, **scheduling}
+    if kind == "Coscheduling":
+        # Installed as a second scheduler, scheduler-plugins goes by its own name.
+        chosen.setdefault("schedulerName", SCHEDULER_NAME[kind])
+    if kind == "None":
+        chosen = {}
+    return {
+        "command": ["python", "train.py"],
+        "resources": {"gpus": gpus},
+        "master": {"template": pool.template},
+        "worker": {"replicas": nodes - 1, "template": pool.template},
+        "scheduling": chosen,
+    }
+
+
+def bound(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [p for p in pods if p["spec"].get("nodeName")]
+
+
+def refused(pod: dict[str, Any]) -> bool:
+    """The scheduler looked at the pod and could not place it."""
+    return any(
+        c["type"] == "PodScheduled" and c["status"] == "False"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
+
+
+def gang_condition(job_driver: Any, namespace: str, name: str) -> dict[str, Any] | None:
+    conditions = job_driver.status(namespace, name).get("conditions") or []
+    return next((c for c in conditions if c["type"] == "GangScheduled"), None)
+
+
+def wait_gang_refused(
+    job_driver: Any, namespace: str, name: str, nodes: int = 3, timeout: float = 90
+) -> dict[str, Any]:
+    """Waits until the gang scheduler has refused the whole gang and the job
+    says so; returns the job's GangScheduled condition."""
+
+    def refused_and_said() -> dict[str, Any] | None:
+        pods = job_driver.pods(namespace, name)
+        condition = gang_condition(job_driver, namespace, name)
+        if len(pods) < nodes or not any(refused(p) for p in pods):
+            return None
+        if not condition or condition["status"] != "False":
+            return None
+        return condition
+
+    return dict(
+        job_driver.wait_for(f"the gang scheduler refusing {name}", refused_and_said, timeout)
+    )
+
+
+def wait_gang_placed(
+    job_driver: Any, namespace: str, name: str, nodes: int = 3, restart: int = 0
+) -> list[dict[str, Any]]:
+    pods = job_driver.wait_running_pods(namespace, name, nodes, restart=restart, timeout=90)
+    job_driver.wait_for(
+        f"{name} GangScheduled",
+        lambda: (c := gang_condition(job_driver, namespace, name)) and c["status"] == "True",
+    )
+    return pods
+
+
+def start_blockers(cluster: Any, job_driver: Any, pool: GangPool, namespace: str, count: int):
+    names = [f"blocker-{i}" for i in range(count)]
+    for name in names:
+        job_driver.raw.request("POST", f"/api/v1/namespaces/{namespace}/pods", pool.blocker(name))
+    job_driver.wait_for(
+        f"{count} blockers running",
+        lambda: all(
+            ((job_driver.get_core(namespace, "pods", n) or {}).get("status") or {}).get("phase")
+            == "Running"
+            for n in names
+        ),
+    )
+    return names
+
+
+def scheduled_by(job_driver: Any, namespace: str, pod: str) -> set[str]:
+    """Who reported binding ``pod`` (the Scheduled events' reporting component)."""
+    return {
+        e.get("reportingComponent") or (e.get("source") or {}).get("component", "")
+        for e in job_driver.events(namespace, pod)
+        if e["reason"] == "Scheduled"
+    }
+
+
+# ---- 1. all or nothing ------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", GANG_KINDS)
+def test_gang_binds_no_pod_until_all_fit_then_all_together(
+    kind, gang_schedulers, shared_operator, job_driver, cluster, namespace, gang_pool
+):
+    need(gang_schedulers, kind)
+    blockers = start_blockers(cluster, job_driver, gang_pool, namespace, 2)
+    job_driver.create(namespace, "gang", gang_spec(gang_pool, kind))
+
+    condition = wait_gang_refused(job_driver, namespace, "gang")
+    assert bound(job_driver.pods(namespace, "gang")) == []  # none holds a GPU
+    assert "0 of 3 pods placed" in condition["message"], condition
+    assert kind in condition["message"], condition
+    group = job_driver.raw.request("GET", PODGROUP_PATH[kind].format(ns=namespace, name="gang"))
+    assert group["spec"]["minMember"] == 3
+    assert group["spec"]["minResources"][GPU] == "24"
+    assert group.get("status", {}).get("phase") not in ("Running", "Scheduled")
+
+    for blocker in blockers:
+        job_driver.succeed_pod(namespace, blocker)
+    pods = wait_gang_placed(job_driver, namespace, "gang")
+    assert len({p["spec"]["nodeName"] for p in pods}) == 3
+    for pod in pods:
+        assert scheduled_by(job_driver, namespace, pod["metadata"]["name"]) == {
+            SCHEDULER_NAME[kind]
+        }
+
+
+# ---- 2. no deadlock between two gangs ---------------------------------------------
+
+
+def test_default_scheduler_lets_two_gangs_each_hold_part(
+    shared_operator, job_driver, cluster, namespace, gang_pool
+):
+    """The contrast: without a gang scheduler, pods are placed one by one, so
+    two 3-node gangs on 4 nodes leave at least one gang partly placed, its
+    GPUs held by pods that cannot start training (both partly placed is the
+    deadlock). Bounded: it looks once the scheduler has refused the 2 pods
+    that do not fit."""
+    for name in ("a", "b"):
+        job_driver.create(namespace, name, gang_spec(gang_pool, "None"))
+
+    def settled() -> dict[str, int] | None:
+        pods = job_driver.pods(namespace)
+        if len(pods) < 6 or len(bound(pods)) < 4 or sum(map(refused, pods)) < 2:
+            return None
+        return {n: len(bound(job_driver.pods(namespace, n))) for n in ("a", "b")}
+
+    placed = job_driver.wait_for("4 pods bound and 2 refused", settled, timeout=90)
+    assert sorted(placed.values()) in ([1, 3], [2, 2]), placed
+    assert any(0 < count < 3 for count in placed.values())  # GPUs held by a broken gang
+
+
+@pytest.mark.parametrize("kind", GANG_KINDS)
+def test_gang_scheduler_runs_one_gang_whole_and_holds_the_other_back(
+    kind, gang_schedulers, shared_operator, job_driver, cluster, namespace, gang_pool
+):
+    need(gang_schedulers, kind)
+    for name in ("a", "b"):
+        job_driver.create(namespace, name, gang_spec(gang_pool, kind))
+
+    def one_placed_one_refused() -> tuple[str, str] | None:
+        states = {n: gang_condition(job_driver, namespace, n) for n in ("a", "b")}
+        placed = [n for n, c in states.items() if c and c["status"] == "True"]
+        waiting = [
+            n
+            for n, c in states.items()
+            if c and c["status"] == "False" and any(map(refused, job_driver.pods(namespace, n)))
+        ]
+        return (placed[0], waiting[0]) if placed and waiting else None
+
+    first, second = job_driver.wait_for(
+        "one gang placed, the other refused", one_placed_one_refused, timeout=120
+    )
+    assert len(bound(job_driver.pods(namespace, first))) == 3
+    assert bound(job_driver.pods(namespace, second)) == []
+
+    for pod in job_driver.pods(namespace, first):
+        job_driver.succeed_pod(namespace, pod["metadata"]["name"])
+    job_driver.wait_phase(namespace, first, "Succeeded")
+    wait_gang_placed(job_driver, namespace, second)
+
+
+# ---- 3. a gang restart goes through the gang scheduler again ---------------------
+
+
+@pytest.mark.parametrize("kind", GANG_KINDS)
+def test_gang_restart_is_scheduled_as_a_whole_again(
+    kind, gang_schedulers, shared_operator, job_driver, cluster, namespace, gang_pool
+):
+    need(gang_schedulers, kind)
+    job_driver.create(namespace, "gang", gang_spec(gang_pool, kind))
+    wait_gang_placed(job_driver, namespace, "gang")
+    # The 4th node is taken while the gang restarts, so the next gang fits only
+    # where the old one ran: it must wait for all of the old pods to be gone.
+    start_blockers(cluster, job_driver, gang_pool, namespace, 1)
+    job_driver.fail_pod(namespace, "gang-worker-0", exit_code=1)
+
+    pods = wait_gang_placed(job_driver, namespace, "gang", restart=1)
+    assert job_driver.status(namespace, "gang")["restartCount"] == 1
+    for pod in pods:
+        assert pod["spec"]["schedulerName"] == SCHEDULER_NAME[kind]
+        reporters = scheduled_by(job_driver, namespace, pod["metadata"]["name"])
+        assert reporters == {SCHEDULER_NAME[kind]}, reporters
+
+
+# ---- 4. Volcano's queue capacity ------------------------------------------------
+
+
+def test_volcano_queue_capacity_holds_a_gang_back_with_volcanos_reason(
+    gang_schedulers, shared_operator, job_driver, cluster, namespace, gang_pool
+):
+    need(gang_schedulers, "Volcano")
+    queue = f"q-{namespace[-6:]}"
+    queue_path = f"/apis/scheduling.volcano.sh/v1beta1/queues/{queue}"
+    job_driver.raw.request(
+        "POST",
+        "/apis/scheduling.volcano.sh/v1beta1/queues",
+        {
+            "apiVersion": "scheduling.volcano.sh/v1beta1",
+            "kind": "Queue",
+            "metadata": {"name": queue},
+            "spec": {"weight": 1, "reclaimable": False, "capability": {GPU: "16"}},
+        },
+    )
+    try:
+        job_driver.create(namespace, "big", gang_spec(gang_pool, "Volcano", queueName=queue))
+        condition = wait_gang_refused(job_driver, namespace, "big")
+        assert condition["reason"] == "PodGroupPending", condition
+        assert f"not admitted from queue {queue}" in condition["message"], condition
+        assert "tasks in gang unschedulable" in condition["message"], condition  # Volcano's
+        assert bound(job_driver.pods(namespace, "big")) == []
+
+        # Room in the queue for the whole gang: it runs.
+        job_driver.raw.request(
+            "PATCH",
+            queue_path,
+            {"spec": {"capability": {GPU: "24"}}},
+            content_type="application/merge-patch+json",
+        )
+        wait_gang_placed(job_driver, namespace, "big")
+    finally:
+        job_driver.raw.request("DELETE", queue_path)
+
+
+# ---- topology Required with a gang scheduler ---------------------------------------
+
+
+@pytest.mark.parametrize("kind", GANG_KINDS)
+def test_required_topology_places_the_whole_gang_in_one_block_or_none(
+    kind, gang_schedulers, shared_operator, job_driver, cluster, namespace, gang_pool
+):
+    need(gang_schedulers, kind)
+    topology = {"topology": {"key": BLOCK_LABEL, "mode": "Required"}}
+    # Blocks hold 2 nodes each: a 3-node gang fits in none, and no pod of it
+    # may hold GPUs while it waits.
+    job_driver.create(namespace, "wide", gang_spec(gang_pool, kind, **topology))
+    wait_gang_refused(job_driver, namespace, "wide")
+    assert bound(job_driver.pods(namespace, "wide")) == []
+
+    job_driver.create(namespace, "narrow", gang_spec(gang_pool, kind, nodes=2, **topology))
+    pods = wait_gang_placed(job_driver, namespace, "narrow", nodes=2)
+    blocks = {
+        job_driver.raw.request("GET", f"/api/v1/nodes/{p['spec']['nodeName']}")["metadata"][
+            "labels"
+        ][BLOCK_LABEL]
+        for p in pods
+    }
+    assert len(blocks) == 1
+    assert bound(job_driver.pods(namespace, "wide")) == []
