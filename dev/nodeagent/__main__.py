@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from types import FrameType
 
+from . import node as nodes
 from .agent import Agent, AgentConfig
 
 
@@ -29,6 +30,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         dest="nodes",
         default=[],
         help="a node name to register (repeat for more); default tf-local-0/1",
+    )
+    parser.add_argument(
+        "--session",
+        default=nodes.DEFAULT_SESSION,
+        help="value of the nodes' torchfleet.dev/local-node label and taint (default "
+        "'true', what the examples select); give each agent on one cluster its own",
     )
     parser.add_argument("--bridge", default="tfleet0", help="Linux bridge the pods attach to")
     parser.add_argument(
@@ -58,6 +65,7 @@ def main(argv: list[str] | None = None) -> None:
         state_dir=args.state_dir.resolve(),
         bridge=args.bridge,
         cidr=args.cidr,
+        session=args.session,
         bin_dir=args.bin_dir,
     )
     agent = Agent(config)

@@ -44,6 +44,7 @@ class AgentConfig:
     state_dir: Path
     bridge: str = "tfleet0"
     cidr: str = "10.253.0.0/16"
+    session: str = nodes.DEFAULT_SESSION  # the value of the nodes' local-node label
     cpu: str = str((os.cpu_count() or 1) * 8)
     memory: str = "64Gi"
     # The node's "image": what a container's PATH finds first.
@@ -115,7 +116,7 @@ class Agent:
         self.node_uids = {}
         for name in self.config.node_names:
             self.node_uids[name] = self.kube.register_node(
-                nodes.node_manifest(name, self.pod_range(name))
+                nodes.node_manifest(name, self.pod_range(name), self.config.session)
             )
         self._heartbeat()
         self.provisioner.ensure_storage_class()

@@ -8,9 +8,19 @@ from datetime import UTC, datetime
 from typing import Any
 
 LOCAL_NODE_LABEL = "torchfleet.dev/local-node"
-# Pods must tolerate this taint to land here, so nothing the scheduler would
-# put on a KWOK node ends up running as a real process by accident.
-LOCAL_NODE_TAINT = {"key": LOCAL_NODE_LABEL, "value": "true", "effect": "NoSchedule"}
+# The label's value names the agent's session. The examples select the
+# default; a test session or a second agent on the same cluster uses a value
+# of its own, so that each job lands only on its own session's nodes (a demo
+# left running and `make test` share one cluster).
+DEFAULT_SESSION = "true"
+
+
+def local_node_taint(session: str = DEFAULT_SESSION) -> dict[str, str]:
+    """Pods must tolerate this taint to land here, so nothing the scheduler would
+    put on a KWOK node ends up running as a real process by accident."""
+    return {"key": LOCAL_NODE_LABEL, "value": session, "effect": "NoSchedule"}
+
+
 AGENT_VERSION = "v0.1.0-torchfleet-nodeagent"
 
 
@@ -22,7 +32,7 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def node_manifest(name: str, pod_cidr: str) -> dict[str, Any]:
+def node_manifest(name: str, pod_cidr: str, session: str = DEFAULT_SESSION) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -32,10 +42,14 @@ def node_manifest(name: str, pod_cidr: str) -> dict[str, Any]:
                 "kubernetes.io/hostname": name,
                 "kubernetes.io/os": "linux",
                 "kubernetes.io/arch": _arch(),
-                LOCAL_NODE_LABEL: "true",
+                LOCAL_NODE_LABEL: session,
             },
         },
-        "spec": {"podCIDR": pod_cidr, "podCIDRs": [pod_cidr], "taints": [LOCAL_NODE_TAINT]},
+        "spec": {
+            "podCIDR": pod_cidr,
+            "podCIDRs": [pod_cidr],
+            "taints": [local_node_taint(session)],
+        },
     }
 
 

@@ -24,6 +24,9 @@ PET_NPROC_PER_NODE = "PET_NPROC_PER_NODE"
 PET_NODE_RANK = "PET_NODE_RANK"
 PET_MASTER_ADDR = "PET_MASTER_ADDR"
 PET_MASTER_PORT = "PET_MASTER_PORT"
+# torchrun's --rdzv-id: distinct per gang generation, so that a stale process
+# of an old gang cannot join the new one's rendezvous.
+PET_RDZV_ID = "PET_RDZV_ID"
 
 # torch.distributed's env:// rendezvous and common launcher names.
 MASTER_ADDR = "MASTER_ADDR"
@@ -51,6 +54,16 @@ NPROC_PER_NODE = "TORCHFLEET_NPROC_PER_NODE"
 TRAIN_CONFIG = "TORCHFLEET_TRAIN_CONFIG"
 
 DEFAULT_MASTER_PORT = 29500
+# Gang generation g rendezvouses on DEFAULT_MASTER_PORT + g % RENDEZVOUS_PORTS:
+# a process of an older gang, still alive on a lost node, dials a port nobody
+# of the new gang listens on.
+RENDEZVOUS_PORTS = 8
+
+
+def rendezvous_port(restart_count: int) -> int:
+    return DEFAULT_MASTER_PORT + restart_count % RENDEZVOUS_PORTS
+
+
 DEFAULT_METRICS_PORT = 9400
 
 
@@ -87,6 +100,10 @@ class PodContract:
     def world_size(self) -> int:
         return self.nnodes * self.nproc_per_node
 
+    @property
+    def rendezvous_id(self) -> str:
+        return f"{self.job_name}-gen{self.restart_count}"
+
     def to_env(self) -> dict[str, str]:
         """The variables the operator puts on the pod, as strings."""
         env = {
@@ -95,6 +112,7 @@ class PodContract:
             PET_NODE_RANK: str(self.node_rank),
             PET_MASTER_ADDR: self.master_addr,
             PET_MASTER_PORT: str(self.master_port),
+            PET_RDZV_ID: self.rendezvous_id,
             MASTER_ADDR: self.master_addr,
             MASTER_PORT: str(self.master_port),
             NNODES: str(self.nnodes),

@@ -47,7 +47,7 @@ def launch(
         min_nodes=pod.nnodes,
         max_nodes=pod.nnodes,
         nproc_per_node=nproc,
-        run_id=pod.job_name,
+        run_id=pod.rendezvous_id,
         rdzv_backend="static",
         rdzv_endpoint=f"{pod.master_addr}:{pod.master_port}",
         rdzv_configs={"rank": pod.node_rank},
@@ -60,15 +60,44 @@ def launch(
         # As torchrun does: N workers each running a thread per core would
         # oversubscribe the node. The workers inherit this; a user's value wins.
         os.environ.setdefault("OMP_NUM_THREADS", "1")
+    return run_children(launch_config, *worker)
+
+
+def run_children(launch_config: LaunchConfig, *args: str) -> int:
+    """Runs ``python *args`` under the elastic agent; the pod's exit code."""
     try:
-        elastic_launch(launch_config, sys.executable)(*worker)
+        elastic_launch(launch_config, sys.executable)(*args)
     except SignalException:
         # Preempted: the workers got SIGTERM, saved and exited.
         return EXIT_PREEMPTED
     except ChildFailedError as err:
-        codes = {failure.exitcode for failure in err.failures.values()}
-        return EXIT_PREEMPTED if codes == {EXIT_PREEMPTED} else 1
+        return child_failure_exit_code([f.exitcode for f in err.failures.values()], _first(err))
     return 0
+
+
+def _first(err: ChildFailedError) -> int:
+    _, failure = err.get_first_failure()
+    return int(failure.exitcode)
+
+
+def child_failure_exit_code(codes: list[int], first: int) -> int:
+    """The pod's exit code for failed children, in the shell's convention.
+
+    A child killed by signal N (the elastic agent reports -N) becomes 128 + N,
+    so that the operator's ExitCode policy sees an OOM kill (137) as the
+    retryable signal it is, not as the program's own error. 143 means
+    preempted-after-saving only when every child stopped that way; otherwise
+    the first child to fail decides (its peers usually exit 1 after it).
+    """
+    as_shell = [_shell_code(code) for code in codes]
+    if as_shell and all(code == EXIT_PREEMPTED for code in as_shell):
+        return EXIT_PREEMPTED
+    first_code = _shell_code(first)
+    return first_code if first_code != 0 else 1
+
+
+def _shell_code(code: int) -> int:
+    return 128 - code if code < 0 else code
 
 
 def exit_code(status: str) -> int:
