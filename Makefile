@@ -38,9 +38,17 @@ prometheus-build: ## Prometheus with Kubernetes SD from Go modules (Debian's 2.4
 cluster-build: ## build the control plane from Go modules (cached in ~/.cache/torchfleet)
 	dev/cluster/build.sh
 
+.PHONY: kueue-build
+kueue-build: ## build Kueue (pinned in dev/cluster/kueue/versions.env) from its Go module, cached
+	dev/cluster/kueue/build.sh
+
+.PHONY: schedulers-build
+schedulers-build: ## gang schedulers (scheduler-plugins, Volcano) from Go modules, cached
+	dev/cluster/schedulers/build.sh >/dev/null
+
 .PHONY: cluster-up
-cluster-up: venv cluster-build ## start (or reuse) the local cluster; KUBECONFIG=.cluster/kubeconfig
-	$(CLUSTER) up
+cluster-up: venv cluster-build ## start (or reuse) the local cluster; WITH=kueue,coscheduling,volcano adds those
+	$(CLUSTER) up $(if $(WITH),--with $(WITH))
 
 .PHONY: cluster-down
 cluster-down: ## stop the local cluster
@@ -51,6 +59,15 @@ cluster-down: ## stop the local cluster
 .PHONY: crds
 crds: venv ## regenerate the CRD YAML (crds/ and the chart's copy) from the API models
 	$(PY) -m torchfleet_operator.api.crdgen
+
+.PHONY: pod-schema
+pod-schema: venv ## refresh the CRD's embedded PodSpec from the pinned Kubernetes' OpenAPI (Go module cache), then make crds
+	source dev/cluster/versions.env; \
+	dir=$$(cd dev/cluster/gomod && go mod download -json k8s.io/kubernetes@$$KUBERNETES_VERSION \
+	       | $(PY) -c 'import json, sys; print(json.load(sys.stdin)["Dir"])'); \
+	$(PY) -m torchfleet_operator.api.crdgen --kubernetes-version $$KUBERNETES_VERSION \
+	    --pod-schema-source $$dir/api/openapi-spec/v3/api__v1_openapi.json
+	$(MAKE) crds
 
 .PHONY: verify
 verify: venv ## fail when generated files drift from their sources
@@ -70,7 +87,7 @@ typecheck: venv ## mypy over both packages and the e2e harness
 	$(VENV)/bin/mypy dev/prometheus/prom.py
 
 .PHONY: test
-test: venv deps cluster-build prometheus-build lint typecheck verify ## everything: set-up, lint, types, every test tier
+test: venv deps cluster-build kueue-build schedulers-build prometheus-build lint typecheck verify ## everything: set-up, lint, types, every test tier
 	$(PY) -m pytest tests
 
 .PHONY: test-unit
@@ -78,7 +95,7 @@ test-unit: venv ## tier 1: pure functions
 	$(PY) -m pytest tests/unit
 
 .PHONY: test-cluster
-test-cluster: venv cluster-build ## tier 2: the real control plane with KWOK
+test-cluster: venv cluster-build kueue-build schedulers-build ## tier 2: the real control plane with KWOK
 	$(PY) -m pytest tests/cluster
 
 .PHONY: test-trainer

@@ -31,6 +31,7 @@ DEV = Path(__file__).resolve().parent
 REPO = DEV.parent
 sys.path.insert(0, str(DEV))
 
+from nodeagent import node as agent_node  # noqa: E402
 from nodeagent import procs  # noqa: E402
 from prometheus import prom  # noqa: E402
 
@@ -42,6 +43,9 @@ JOB = "shakespeare-ddp"
 EXAMPLE = REPO / "examples" / "shakespeare-ddp.yaml"
 SHARED_CORPUS = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
 NODES = ("tf-local-0", "tf-local-1")
+# The demo's agent keeps the default session, the local-node label value the
+# examples select; a test session on the same cluster has a value of its own.
+LOCAL_NODES = f"{agent_node.LOCAL_NODE_LABEL}={agent_node.DEFAULT_SESSION}"
 BRIDGE, CIDR, GATEWAY = "tfdemo0", "10.253.0.0/16", "10.253.0.1"
 CORPUS_BYTES = 1_100_000
 KILL_AFTER_CHECKPOINT_STEP = 100
@@ -92,6 +96,7 @@ def write_corpus(dest: Path, shared: Path = SHARED_CORPUS) -> str:
 def start_agent() -> subprocess.Popen[bytes]:
     argv = [sys.executable, "-m", "nodeagent", "--kubeconfig", str(KUBECONFIG)]
     argv += ["--state-dir", str(STATE / "agent"), "--bridge", BRIDGE, "--cidr", CIDR]
+    argv += ["--session", agent_node.DEFAULT_SESSION]
     for node in NODES:
         argv += ["--node", node]
     return _spawn("agent", argv, {"PYTHONPATH": str(DEV)})
@@ -138,7 +143,7 @@ def wait_for(what: str, check: Any, timeout: float, process: Any = None) -> None
 
 
 def nodes_ready() -> bool:
-    out = kubectl("get", "nodes", "-l", "torchfleet.dev/local-node=true", "-o", "json")
+    out = kubectl("get", "nodes", "-l", LOCAL_NODES, "-o", "json")
     ready = {
         n["metadata"]["name"]
         for n in json.loads(out)["items"]
@@ -321,7 +326,7 @@ def main() -> None:
     say(f"node agent: nodes {', '.join(NODES)} run their pods as processes on this machine")
     agent = start_agent()
     wait_for("node agent", nodes_ready, 60, agent)
-    print(kubectl("get", "nodes", "-l", "torchfleet.dev/local-node=true"), end="")
+    print(kubectl("get", "nodes", "-l", LOCAL_NODES), end="")
 
     # An earlier demo's job goes before the operator starts, so it never sees it.
     kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true")

@@ -6,6 +6,7 @@ from Go modules by build.sh, run as local processes with their state under
 behaviour on demand comes from the Stage files in ``stages/``.
 
     python dev/cluster/localcluster.py up      # start, or reuse a running one
+    python dev/cluster/localcluster.py up --with kueue   # plus Kueue (kueue.py)
     python dev/cluster/localcluster.py down    # stop every component
     python dev/cluster/localcluster.py status
 
@@ -16,6 +17,7 @@ waits on each component's readiness endpoint, never on sleeps.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -29,6 +31,8 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -43,6 +47,9 @@ TOOLS = (
 )
 # Started in this order, stopped in reverse.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+# Started on demand beside the control plane (``up --with NAME``), each by
+# dev/cluster/NAME.py, whose class NAME.capitalize() takes this cluster.
+ADDONS = ("kueue",)
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 
 
@@ -114,8 +121,18 @@ class LocalCluster:
         wait_for(self._default_service_account_exists, "default ServiceAccount", 60)
         log(f"cluster ready in {time.monotonic() - t0:.1f}s: export KUBECONFIG={self.kubeconfig}")
 
+    def addon(self, name: str) -> Any:
+        """The add-on ``name`` (e.g. Kueue) bound to this cluster."""
+        module = load_addon(name)
+        return getattr(module, name.capitalize())(self)
+
     def down(self, quiet: bool = False) -> None:
-        for name in reversed(COMPONENTS):
+        for addon in ADDONS:
+            if self._pid(addon) is not None:
+                self.addon(addon).down(quiet)
+        # Other add-ons started beside the cluster (schedulers.py), by pid file.
+        extras = sorted(p.stem for p in self.run.glob("*.pid") if p.stem not in COMPONENTS)
+        for name in [*extras, *reversed(COMPONENTS)]:
             pid = self._pid(name)
             if pid is None:
                 continue
@@ -136,7 +153,7 @@ class LocalCluster:
             "kubeconfig": str(self.kubeconfig),
             "server": self.server,
             "healthy": self.healthy(),
-            "pids": {name: self._pid(name) for name in COMPONENTS},
+            "pids": {name: self._pid(name) for name in (*COMPONENTS, *ADDONS)},
         }
 
     # ---- processes -------------------------------------------------------
@@ -424,6 +441,18 @@ def build_tools() -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
+def load_addon(name: str) -> ModuleType:
+    """dev/cluster/NAME.py, loaded by path as this file is (it may be ``__main__``)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def openssl(*args: object, stdin: str | None = None) -> None:
     subprocess.run(
         ["openssl", *map(str, args)], check=True, input=stdin, text=True, capture_output=True
@@ -475,11 +504,27 @@ def main() -> int:
     )
     parser.add_argument("command", choices=["up", "down", "status", "build"])
     parser.add_argument("--nodes", type=int, default=4, help="fake GPU nodes to create (default 4)")
+    parser.add_argument(
+        "--with",
+        dest="extras",
+        action="append",
+        default=[],
+        help="also start these beside the cluster (repeatable or comma-separated): "
+        "kueue, coscheduling, volcano",
+    )
     args = parser.parse_args()
     cluster = LocalCluster()
     try:
         if args.command == "up":
             cluster.up(nodes=args.nodes)
+            extras = [n.strip() for arg in args.extras for n in arg.split(",") if n.strip()]
+            for addon in (n for n in extras if n in ADDONS):
+                cluster.addon(addon).up()
+            gang = ",".join(n for n in extras if n not in ADDONS)
+            if gang:
+                import schedulers  # beside this file; only when asked
+
+                schedulers.start(cluster, schedulers.parse_names(gang))
         elif args.command == "down":
             cluster.down()
         elif args.command == "build":

@@ -23,6 +23,14 @@ class OperatorConfig:
     apply_backoff_max_seconds: float = 120.0
     # A pod whose node has been NotReady this long counts as lost.
     node_lost_grace_seconds: float = 30.0
+    # A pod on a NotReady/Unknown node (or one tainted out-of-service) that is
+    # still terminating this long after the node went is force-deleted: a dead
+    # kubelet never confirms a deletion, and the next gang waits for it.
+    node_loss_force_delete_seconds: float = 60.0
+    # A trainer container stuck in image pull back-off this long after the
+    # kubelet took its pod fails the gang (retryable, counted): a gang that
+    # cannot start must not hold the other nodes for ever.
+    image_pull_bound_seconds: float = 300.0
     # How often the master's /metrics is read for status.progress; 0 disables.
     progress_interval_seconds: float = 15.0
     # Pod events wake their job this long after the first one, so that a gang's

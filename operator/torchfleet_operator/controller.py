@@ -23,8 +23,9 @@ from torchfleet_operator.config import OperatorConfig
 from torchfleet_operator.kube import Executor
 from torchfleet_operator.metrics import JobKey
 from torchfleet_operator.observed import Observed, ObservedNode, ObservedPod
+from torchfleet_operator.policy.admission import KueueView
 from torchfleet_operator.progress import ProgressPoller
-from torchfleet_operator.reconcile import CONDITION_CHILDREN, keep_condition, plan, with_rejections
+from torchfleet_operator.reconcile import Plan, after_execute, plan
 from torchfleet_operator.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,12 @@ class Caches:
     nodes: Mapping[Any, Iterable[Any]] = field(default_factory=dict)
     services: Mapping[Any, Iterable[Any]] = field(default_factory=dict)
     claims: Mapping[Any, Iterable[Any]] = field(default_factory=dict)
+    # Kueue (empty while its CRDs are absent).
+    workloads: Mapping[Any, Iterable[Any]] = field(default_factory=dict)
+    flavors: Mapping[Any, Iterable[Any]] = field(default_factory=dict)
+    priorities: Mapping[Any, Iterable[Any]] = field(default_factory=dict)
+    kueue_crds: Mapping[Any, Iterable[Any]] = field(default_factory=dict)
+    pod_groups: Mapping[Any, Iterable[Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -180,10 +187,12 @@ class Controller:
         pods: tuple[ObservedPod, ...] = tuple(
             p for p in self.caches.pods.get(key) or () if p.owner_uid in (uid, None)
         )
-        not_ready = {}
+        not_ready: dict[str, datetime | None] = {}
         for node_name in {p.node_name for p in pods if p.node_name}:
             node: ObservedNode | None = _first(self.caches.nodes.get(node_name))
-            if node is not None and not node.ready:
+            if node is not None and node.out_of_service:
+                not_ready[node_name] = None
+            elif node is not None and not node.ready:
                 not_ready[node_name] = node.since
         expected = self._prune_expectations(key, pods)
         progress, checkpoint_step = self.progress.latest.get(key, (None, None))
@@ -197,8 +206,32 @@ class Controller:
             held=frozenset(expected.held),
             progress=progress,
             checkpoint_step=checkpoint_step,
+            kueue=self._kueue_view(key, body, uid),
+            pod_group=next(
+                (g for g in self.caches.pod_groups.get(key) or () if g.owner_uid in (uid, None)),
+                None,
+            ),
         )
         return Snapshot(body=body, observed=observed)
+
+    def _kueue_view(self, key: JobKey, body: dict[str, Any], uid: str) -> KueueView:
+        caches = self.caches
+        workload = next(
+            (
+                w
+                for w in caches.workloads.get(key) or ()
+                if any(r.get("uid") == uid for r in w.metadata.get("ownerReferences") or ())
+            ),
+            None,
+        )
+        priority_class = ((body.get("spec") or {}).get("scheduling") or {}).get("priorityClassName")
+        priority = _first(caches.priorities.get(priority_class)) if priority_class else None
+        return KueueView(
+            installed=bool(caches.kueue_crds),
+            workload=workload,
+            flavors={name: _first(caches.flavors.get(name)) for name in caches.flavors},
+            priority=priority if isinstance(priority, int) else None,
+        )
 
     def _prune_expectations(self, key: JobKey, pods: tuple[ObservedPod, ...]) -> _Expectations:
         expected = self._expectations.setdefault(key, _Expectations())
@@ -236,16 +269,19 @@ class Controller:
             self.default_image,
             self.default_shm_size,
         )
+        if decided.gang_restart:
+            # The bump is recorded before the old gang is deleted (as JobSet
+            # does): a crash in between must not lose the restart.
+            if not self._write_status(key, uid, decided.status, decided):
+                return self._api_backoff(key)
+            current = decided.status
         result = self.executor.execute(namespace, body, decided)
         self._remember(key, decided, result.created_pods)
         rejected = [
             (f.kind, f.name, f.code, f.message) for f in result.failures if f.verb == "create"
         ]
         held = self._expectations.setdefault(key, _Expectations()).held
-        if rejected or not held:
-            status = with_rejections(decided.status, rejected, now)
-        else:  # refused children wait for their back-off: the refusal still stands
-            status = keep_condition(decided.status, current, CONDITION_CHILDREN)
+        status = after_execute(decided.status, current, rejected, bool(held), now)
         delay = decided.requeue_after
         if held:  # wake up when the first refused child may be retried
             delay = _sooner(delay, max(0.0, min(held.values()) - time.monotonic()) + 0.05)
@@ -260,13 +296,8 @@ class Controller:
             self._api_failures.pop(key, None)
         if result.job_deleted:
             return None
-        if status != current:
-            if self.executor.write_status(namespace, name, status) is None:
-                self._last_status[uid] = status
-                if decided.gang_restart:
-                    metrics.GANG_RESTARTS.labels(reason=decided.gang_restart).inc()
-            else:
-                delay = _sooner(delay, self._api_backoff(key))
+        if status != current and not self._write_status(key, uid, status, decided):
+            delay = _sooner(delay, self._api_backoff(key))
         self.phases.set(key, status.get("phase") or "Pending")
         log.debug(
             "%s/%s: %s, created %d, deleted %d, %d refused, next pass in %s",
@@ -279,6 +310,21 @@ class Controller:
             delay,
         )
         return _sooner(delay, self.config.resync_seconds or None)
+
+    def _write_status(self, key: JobKey, uid: str, status: dict[str, Any], decided: Plan) -> bool:
+        """Writes the status; counts the restart it records. False when refused."""
+        namespace, name = key
+        if self.executor.write_status(namespace, name, status) is not None:
+            return False
+        previous = self._last_status.get(uid)
+        self._last_status[uid] = status
+        if decided.gang_restart and (previous or {}).get("restartCount") != status.get(
+            "restartCount"
+        ):
+            metrics.GANG_RESTARTS.labels(reason=decided.gang_restart).inc()
+            if decided.disruption:
+                metrics.DISRUPTIONS.labels(reason=decided.disruption).inc()
+        return True
 
     def _remember(self, key: JobKey, decided: Any, created_pods: list[str]) -> None:
         """Records creates/deletes so the next pass does not redo them before the watch

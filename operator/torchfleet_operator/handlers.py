@@ -9,6 +9,7 @@ cost a thread hop per event; with 9,000 pods that dominates.) The reconcile itse
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import kopf
@@ -18,8 +19,14 @@ from torchfleet_operator.build.labels import JOB_NAME_LABEL
 from torchfleet_operator.controller import Controller
 from torchfleet_operator.metrics import JobKey
 from torchfleet_operator.observed import ObservedNode, ObservedPod
+from torchfleet_operator.policy.admission import Flavor, ObservedWorkload
+from torchfleet_operator.status.podgroup import ObservedPodGroup
 
 CHILD = {JOB_NAME_LABEL: kopf.PRESENT}
+# Kueue's API. Its CRDs may be absent: kopf serves these handlers once they
+# appear (it watches CRDs), and until then the jobs that need Kueue wait.
+KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta1"
+WORKLOAD_CRD = f"workloads.{KUEUE_GROUP}"
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -57,7 +64,7 @@ async def start(
     # otherwise post one per handler log line.
     settings.posting.enabled = False
     # Server-side filtering: only the children of TrainingJobs reach this process.
-    for plural in ("pods", "services", "persistentvolumeclaims"):
+    for plural in ("pods", "services", "persistentvolumeclaims", "podgroups"):
         settings.watching.label_selectors[plural] = JOB_NAME_LABEL
     settings.watching.server_timeout = 300
     settings.persistence.diffbase_storage = NoDiffBase()
@@ -67,6 +74,9 @@ async def start(
     caches.jobs, caches.pods = indices["tf_jobs"], indices["tf_pods"]
     caches.nodes, caches.services = indices["tf_nodes"], indices["tf_services"]
     caches.claims = indices["tf_claims"]
+    caches.workloads, caches.flavors = indices["tf_workloads"], indices["tf_flavors"]
+    caches.priorities, caches.kueue_crds = indices["tf_priorities"], indices["tf_kueue_crd"]
+    caches.pod_groups = _Both(indices["tf_coscheduling_groups"], indices["tf_volcano_groups"])
     controller.start()
 
 
@@ -120,6 +130,72 @@ async def tf_claims(namespace: str | None, name: str, **_: Any) -> dict[Any, Any
     return {(namespace, name): name}
 
 
+# Kueue: the jobs' Workloads, the ResourceFlavors and PriorityClasses they name.
+
+
+@kopf.index(KUEUE_GROUP, KUEUE_VERSION, "workloads", labels=CHILD)
+async def tf_workloads(
+    namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+) -> Any:
+    return {(namespace, labels[JOB_NAME_LABEL]): ObservedWorkload(dict(body))}
+
+
+@kopf.index(KUEUE_GROUP, KUEUE_VERSION, "resourceflavors")
+async def tf_flavors(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {name: Flavor.from_manifest(dict(body))}
+
+
+@kopf.index("scheduling.k8s.io", "v1", "priorityclasses")
+async def tf_priorities(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {name: body.get("value")}
+
+
+@kopf.index("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+async def tf_kueue_crd(name: str, body: kopf.Body, **_: Any) -> Any:
+    established = any(
+        c.get("type") == "Established" and c.get("status") == "True"
+        for c in (body.get("status") or {}).get("conditions") or ()
+    )
+    return {name: True} if name == WORKLOAD_CRD and established else None
+
+
+# PodGroups of either gang scheduler. kopf watches a resource only while its
+# CRD exists (it follows CRDs coming and going), so a cluster without
+# scheduler-plugins or Volcano just leaves these empty.
+def _pod_group_entry(namespace: str | None, labels: kopf.Labels, body: kopf.Body) -> Any:
+    group = ObservedPodGroup.from_manifest(dict(body))
+    return {(namespace, labels[JOB_NAME_LABEL]): group} if group else None
+
+
+@kopf.index("scheduling.x-k8s.io", "v1alpha1", "podgroups", labels=CHILD)
+async def tf_coscheduling_groups(namespace: str | None, labels: kopf.Labels, **kw: Any) -> Any:
+    return _pod_group_entry(namespace, labels, kw["body"])
+
+
+@kopf.index("scheduling.volcano.sh", "v1beta1", "podgroups", labels=CHILD)
+async def tf_volcano_groups(namespace: str | None, labels: kopf.Labels, **kw: Any) -> Any:
+    return _pod_group_entry(namespace, labels, kw["body"])
+
+
+class _Both(Mapping[Any, list[Any]]):
+    """Two indices read as one: a job's PodGroups of either kind."""
+
+    def __init__(self, *indices: Mapping[Any, Any]) -> None:
+        self._indices = indices
+
+    def __getitem__(self, key: Any) -> list[Any]:
+        found = [value for index in self._indices for value in index.get(key) or ()]
+        if not found:
+            raise KeyError(key)
+        return found
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter({key for index in self._indices for key in index})
+
+    def __len__(self) -> int:
+        return len({key for index in self._indices for key in index})
+
+
 # ---- triggers: every one just queues the job's key ------------------------------
 
 
@@ -148,6 +224,34 @@ async def node_changed(name: str, memo: Any, **indices: Any) -> None:
 
 @kopf.on.event("services", labels=CHILD)
 async def service_changed(namespace: str | None, labels: kopf.Labels, memo: Any, **_: Any) -> None:
+    _controller(memo).enqueue(_key(namespace, labels[JOB_NAME_LABEL]))
+
+
+@kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, "workloads", labels=CHILD)
+async def workload_changed(namespace: str | None, labels: kopf.Labels, memo: Any, **_: Any) -> None:
+    _controller(memo).enqueue(_key(namespace, labels[JOB_NAME_LABEL]))
+
+
+@kopf.on.event("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+async def crd_changed(name: str, memo: Any, **_: Any) -> None:
+    # Kueue installed (or removed): every job looks again.
+    if name == WORKLOAD_CRD:
+        controller = _controller(memo)
+        for key in list(controller.caches.jobs):
+            controller.enqueue(key)
+
+
+@kopf.on.event("scheduling.x-k8s.io", "v1alpha1", "podgroups", labels=CHILD)
+async def coscheduling_group_changed(
+    namespace: str | None, labels: kopf.Labels, memo: Any, **_: Any
+) -> None:
+    _controller(memo).enqueue(_key(namespace, labels[JOB_NAME_LABEL]))
+
+
+@kopf.on.event("scheduling.volcano.sh", "v1beta1", "podgroups", labels=CHILD)
+async def volcano_group_changed(
+    namespace: str | None, labels: kopf.Labels, memo: Any, **_: Any
+) -> None:
     _controller(memo).enqueue(_key(namespace, labels[JOB_NAME_LABEL]))
 
 

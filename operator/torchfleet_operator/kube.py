@@ -20,7 +20,7 @@ import logging
 import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
@@ -30,7 +30,8 @@ from kubernetes.client.exceptions import ApiException
 
 from torchfleet_operator import metrics
 from torchfleet_operator.api.constants import API_VERSION, GROUP, KIND, PLURAL, VERSION
-from torchfleet_operator.reconcile import ChildRef, EventSpec, Plan
+from torchfleet_operator.build.labels import NODE_RANK_LABEL, ROLE_LABEL
+from torchfleet_operator.reconcile import ChildRef, EventSpec, Plan, WorkloadPatch
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,8 @@ def collection_path(api_version: str, kind: str, namespace: str) -> str:
         return f"/api/v1/namespaces/{namespace}/{_CORE_PLURALS[kind]}"
     if kind == "PodGroup":
         return f"/apis/{api_version}/namespaces/{namespace}/podgroups"
+    if kind == "Workload":
+        return f"/apis/{api_version}/namespaces/{namespace}/workloads"
     raise ValueError(f"no REST path known for {kind}")
 
 
@@ -146,6 +149,9 @@ class Executor:
         for batch in (first, pods):
             if result.failures and batch is pods:
                 break  # a refused service, claim or PodGroup: no pods without them
+            if batch is pods and (refused := self._dry_run_new_gang(namespace, pods)):
+                result.failures.extend(refused)  # an invalid pod: no pod of the gang
+                break
             created = self._fan_out(self._create, namespace, batch)
             result.created += created.count(None)
             result.failures.extend(f for f in created if f is not None)
@@ -154,6 +160,10 @@ class Executor:
                 for m, f in zip(batch, created, strict=True)
                 if f is None and m["kind"] == "Pod"
             ]
+        for patch in plan.workload_patches:
+            failure = self._patch_workload(namespace, patch)
+            if failure:
+                result.failures.append(failure)
         # Events are posted in the background, as client-go's recorder does: the
         # status is the record, and waiting for them held every pass one round trip.
         now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
@@ -191,6 +201,29 @@ class Executor:
             metrics.PODS_CREATED.inc()
         return None
 
+    def _dry_run_new_gang(self, namespace: str, pods: list[dict[str, Any]]) -> list[ApiFailure]:
+        """A new gang (its master among the pods) is first dry-run server-side, one
+        pod per role: the API server checks what the CRD's schema cannot (a mount
+        naming no volume) before any pod exists. One refused: all are, in its words."""
+        roles = {p["metadata"]["labels"].get(ROLE_LABEL): p for p in reversed(pods)}
+        if not any(p["metadata"]["labels"].get(NODE_RANK_LABEL) == "0" for p in pods):
+            return []
+        checked = self._fan_out(self._dry_run, namespace, list(roles.values()))
+        refused = next((f for f in checked if f is not None), None)
+        if refused is None:
+            return []
+        others = [p["metadata"]["name"] for p in pods if p["metadata"]["name"] != refused.name]
+        return [refused, *(replace(refused, name=name) for name in others)]
+
+    def _dry_run(self, namespace: str, manifest: dict[str, Any]) -> ApiFailure | None:
+        path = collection_path(manifest["apiVersion"], manifest["kind"], namespace)
+        try:
+            self.raw.request("POST", path, manifest, query={"dryRun": "All"})
+        except ApiException as exc:
+            if exc.status in (400, 422):  # invalid: creating it would fail the same way
+                return self._failure("create", manifest["kind"], manifest["metadata"]["name"], exc)
+        return None  # anything else: the real creates report it
+
     def _delete_pod(self, namespace: str, ref: ChildRef) -> ApiFailure | None:
         body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
         if ref.uid:
@@ -209,6 +242,31 @@ class Executor:
                 return None
             return self._failure("delete", "Pod", ref.name, exc)
         metrics.PODS_DELETED.inc()
+        return None
+
+    def _patch_workload(self, namespace: str, patch: WorkloadPatch) -> ApiFailure | None:
+        """Kueue's Workload: its status by server-side apply under the patch's field
+        manager (as Kueue's own controllers write it), else a merge patch."""
+        path = f"{collection_path('kueue.x-k8s.io/v1beta1', 'Workload', namespace)}/{patch.name}"
+        try:
+            if patch.field_manager:
+                self.raw.request(
+                    "PATCH",
+                    f"{path}/status",
+                    patch.body,
+                    query={"fieldManager": patch.field_manager, "force": "true"},
+                    content_type="application/apply-patch+yaml",
+                )
+            else:
+                self.raw.request(
+                    "PATCH", path, patch.body, content_type="application/merge-patch+json"
+                )
+        except ApiException as exc:
+            # 404: gone with its job. 409: Kueue changed it meanwhile; the watch
+            # brings the new version and the next pass decides again.
+            if exc.status in (404, 409):
+                return None
+            return self._failure("patch", "Workload", patch.name, exc)
         return None
 
     def _delete_job(self, namespace: str, name: str) -> ApiFailure | None:

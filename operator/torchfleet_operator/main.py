@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import sys
@@ -69,6 +70,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "(a quantity, e.g. 16Gi); unset: bounded only by the pod's memory limit",
     )
     parser.add_argument(
+        "--node-loss-grace-seconds",
+        type=float,
+        default=None,
+        help="force-delete a job's pods still terminating this long after their node "
+        "went NotReady/Unknown (or out-of-service), so the next gang can start "
+        "(default: $TORCHFLEET_OPERATOR_NODE_LOSS_FORCE_DELETE_SECONDS, else 60)",
+    )
+    parser.add_argument(
         "--log-level", default=os.environ.get("TORCHFLEET_OPERATOR_LOG_LEVEL", "INFO")
     )
     return parser.parse_args(argv)
@@ -82,6 +91,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         config = OperatorConfig.from_env()
+        if args.node_loss_grace_seconds is not None:
+            config = dataclasses.replace(
+                config, node_loss_force_delete_seconds=args.node_loss_grace_seconds
+            )
     except ValueError as exc:
         print(f"torchfleet-operator: {exc}", file=sys.stderr)
         return 2

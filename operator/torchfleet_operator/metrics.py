@@ -29,6 +29,12 @@ RECONCILE_ERRORS = Counter(
 GANG_RESTARTS = Counter(
     "torchfleet_operator_gang_restarts_total", "Whole-gang restarts started", ["reason"]
 )
+DISRUPTIONS = Counter(
+    "torchfleet_operator_disruptions_total",
+    "Gang restarts caused by the platform (preemption, eviction, lost node, deleted pod); "
+    "not counted toward backoffLimit",
+    ["reason"],
+)
 PODS_CREATED = Counter("torchfleet_operator_pods_created_total", "Pods created")
 PODS_DELETED = Counter("torchfleet_operator_pods_deleted_total", "Pods deleted")
 API_ERRORS = Counter(

@@ -10,11 +10,17 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from torchfleet_operator.api.constants import TRAINER_CONTAINER_NAME
 from torchfleet_operator.build.labels import NODE_RANK_LABEL, RESTART_LABEL, ROLE_LABEL
+from torchfleet_operator.policy.admission import KueueView
+from torchfleet_operator.status.podgroup import ObservedPodGroup
 
 # Reasons the kubelet or control plane put on a pod it took away.
 EVICTED = "Evicted"
 PREEMPTED = "Preempted"
+# A termination message (with FallbackToLogsOnError: the log's tail) is cut to
+# its last this many characters: enough for the error line, small for a status.
+MESSAGE_CHARS = 400
 
 
 def _int_label(labels: dict[str, str], key: str) -> int | None:
@@ -49,6 +55,20 @@ class ObservedPod:
     message: str | None = None
     disrupted: bool = False  # evicted, preempted or taken by a taint: not the code's fault
     owner_uid: str | None = None  # the TrainingJob that controls it
+    finished_at: datetime | None = None  # when the judged container terminated
+    # Failed before any container ran (kubelet admission: UnexpectedAdmissionError,
+    # OutOf<resource>): the node's fault, reported with the kubelet's reason.
+    never_started: bool = False
+    # The trainer container cannot start: the kubelet's waiting reason
+    # (ImagePullBackOff, ErrImagePull, ...) and message, and since when the
+    # kubelet has had the pod (its status.startTime).
+    stuck_reason: str | None = None
+    stuck_message: str | None = None
+    started_at: datetime | None = None
+    # The trainer ended but the pod still runs (its sidecars): delete it.
+    sidecars_running: bool = False
+    # The scheduler's PodScheduled=False "reason: message", while unscheduled.
+    unschedulable: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -65,25 +85,31 @@ class ObservedPod:
         if rank is None or restart is None or role is None:
             return None
         status = pod.get("status") or {}
-        exit_code, reason, message = _termination(status)
+        exit_code, reason, message, finished_at = _termination(status)
+        stuck = _stuck(status)
         disruption = _disruption(status)
+        never_started = status.get("phase") == "Failed" and finished_at is None
         if status.get("reason") in (EVICTED, PREEMPTED):
             reason, message = status["reason"], status.get("message") or message
         elif disruption is not None:
             reason, message = disruption
+        elif never_started and status.get("reason"):
+            reason, message = status["reason"], status.get("message") or message
         return cls(
             name=meta.get("name", ""),
             uid=meta.get("uid", ""),
             role=role,
             node_rank=rank,
             restart=restart,
-            phase=status.get("phase") or "Pending",
+            phase=_judged_phase(status),
+            sidecars_running=status.get("phase") in ("Pending", "Running")
+            and _trainer_phase(status) is not None,
             deleting=bool(meta.get("deletionTimestamp")),
             node_name=(pod.get("spec") or {}).get("nodeName"),
             pod_ip=status.get("podIP"),
             exit_code=exit_code,
             reason=reason,
-            message=message,
+            message=_tail(message),
             disrupted=status.get("reason") in (EVICTED, PREEMPTED) or disruption is not None,
             owner_uid=next(
                 (
@@ -93,23 +119,91 @@ class ObservedPod:
                 ),
                 None,
             ),
+            finished_at=finished_at,
+            never_started=never_started and disruption is None,
+            unschedulable=_unschedulable(status),
+            stuck_reason=stuck[0],
+            stuck_message=stuck[1],
+            started_at=parse_time(status.get("startTime")),
         )
 
 
-def _termination(status: dict[str, Any]) -> tuple[int | None, str | None, str | None]:
-    """The first non-zero exit among the containers (else the first exit)."""
-    first: tuple[int | None, str | None, str | None] = (None, None, None)
-    for container in status.get("containerStatuses") or []:
-        state = container.get("state") or {}
-        terminated = state.get("terminated") or (container.get("lastState") or {}).get("terminated")
-        if not terminated:
-            continue
-        found = (terminated.get("exitCode"), terminated.get("reason"), terminated.get("message"))
+Termination = tuple[int | None, str | None, str | None, datetime | None]
+
+
+def _termination(status: dict[str, Any]) -> Termination:
+    """How the trainer container ended (the pod's verdict, whatever its sidecars
+    do); without a ``trainer`` status, the first non-zero exit (else the first exit)."""
+    containers = status.get("containerStatuses") or []
+    trainer = [c for c in containers if c.get("name") == TRAINER_CONTAINER_NAME]
+    first: Termination = (None, None, None, None)
+    for container in trainer or containers:
+        found = _terminated(container)
         if found[0]:
             return found
         if first[0] is None:
             first = found
     return first
+
+
+def _terminated(container: dict[str, Any]) -> Termination:
+    state = container.get("state") or {}
+    terminated = state.get("terminated") or (container.get("lastState") or {}).get("terminated")
+    if not terminated:
+        return (None, None, None, None)
+    return (
+        terminated.get("exitCode"),
+        terminated.get("reason"),
+        terminated.get("message"),
+        parse_time(terminated.get("finishedAt")) or parse_time(terminated.get("startedAt")),
+    )
+
+
+def _trainer_phase(status: dict[str, Any]) -> str | None:
+    """Succeeded/Failed once the trainer container terminated, though native
+    sidecars keep the pod Running; None without a terminated trainer."""
+    for container in status.get("containerStatuses") or []:
+        if container.get("name") != TRAINER_CONTAINER_NAME:
+            continue
+        terminated = (container.get("state") or {}).get("terminated")
+        if terminated:
+            return "Succeeded" if terminated.get("exitCode") == 0 else "Failed"
+    return None
+
+
+def _judged_phase(status: dict[str, Any]) -> str:
+    phase = status.get("phase") or "Pending"
+    if phase in ("Succeeded", "Failed"):
+        return str(phase)
+    return _trainer_phase(status) or str(phase)
+
+
+# Waiting reasons of a container that will not start without a change elsewhere.
+STUCK_REASONS = frozenset({"ImagePullBackOff", "ErrImagePull", "InvalidImageName"})
+
+
+def _stuck(status: dict[str, Any]) -> tuple[str | None, str | None]:
+    for container in status.get("containerStatuses") or []:
+        if container.get("name") != TRAINER_CONTAINER_NAME:
+            continue
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in STUCK_REASONS:
+            return waiting["reason"], waiting.get("message")
+    return None, None
+
+
+def _tail(message: str | None) -> str | None:
+    if not message or len(message) <= MESSAGE_CHARS:
+        return message
+    return "..." + message[-MESSAGE_CHARS:]
+
+
+def _unschedulable(status: dict[str, Any]) -> str | None:
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            reason = condition.get("reason") or "Unschedulable"
+            return f"{reason}: {condition.get('message') or 'not scheduled yet'}"
+    return None
 
 
 def _disruption(status: dict[str, Any]) -> tuple[str, str | None] | None:
@@ -120,23 +214,36 @@ def _disruption(status: dict[str, Any]) -> tuple[str, str | None] | None:
     return None
 
 
+# The taint an administrator sets on a node known to be shut down (non-graceful
+# node shutdown): its pods may go at once.
+OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
+
+
 @dataclass(frozen=True)
 class ObservedNode:
     name: str
     ready: bool
     since: datetime | None = None  # when Ready last changed
+    out_of_service: bool = False
 
     @classmethod
     def from_manifest(cls, node: dict[str, Any]) -> ObservedNode:
         meta = node.get("metadata") or {}
+        out_of_service = any(
+            taint.get("key") == OUT_OF_SERVICE_TAINT
+            for taint in (node.get("spec") or {}).get("taints") or ()
+        )
         for condition in (node.get("status") or {}).get("conditions") or []:
             if condition.get("type") == "Ready":
                 return cls(
                     name=meta.get("name", ""),
                     ready=condition.get("status") == "True",
                     since=parse_time(condition.get("lastTransitionTime")),
+                    out_of_service=out_of_service,
                 )
-        return cls(name=meta.get("name", ""), ready=False, since=None)
+        return cls(
+            name=meta.get("name", ""), ready=False, since=None, out_of_service=out_of_service
+        )
 
 
 @dataclass(frozen=True)
@@ -144,6 +251,8 @@ class Observed:
     """Everything one reconcile pass knows besides the job itself."""
 
     pods: tuple[ObservedPod, ...] = ()
+    # Nodes of this job's pods that are NotReady/Unknown, with since when (None:
+    # out of service, or unknown since when: the grace is over).
     nodes_not_ready: dict[str, datetime | None] = field(default_factory=dict)
     has_service: bool = False
     has_checkpoint_claim: bool = False
@@ -157,3 +266,7 @@ class Observed:
     # and the step of its newest complete checkpoint.
     progress: dict[str, Any] | None = None
     checkpoint_step: int | None = None
+    # Kueue's Workload of the job, its flavors and priority (None: Kueue not served).
+    kueue: KueueView | None = None
+    # The job's PodGroup (gang scheduling), when its CRD exists and it was seen.
+    pod_group: ObservedPodGroup | None = None

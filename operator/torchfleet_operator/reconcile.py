@@ -7,7 +7,16 @@ which the executor turns into no-ops (409 on create, 404 on delete).
 The gang's *generation* is the restart count: pods carry it in the
 ``torchfleet.dev/restart`` label. A restart bumps the generation in the status
 and deletes the old generation's pods; the new generation is created once the
-old pods are gone and the back-off has passed.
+old pods are gone and the back-off has passed. The controller persists the
+bump before it deletes anything, so a crash in between cannot lose a restart.
+
+Full validation of the spec gates only the *first* gang. A job that already
+had one keeps going from what its pods are when its stored spec stops parsing
+(a stricter operator, a rollback under a newer CRD): it is never failed for
+it, and a finished job keeps its phase and its TTL.
+
+``after_execute`` is the second half of a pass: what the apiserver refused is
+folded into the status there, so every status field is decided in this module.
 """
 
 from __future__ import annotations
@@ -21,18 +30,32 @@ from typing import Any
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.api.parse import InvalidSpecError, parse_training_job
 from torchfleet_operator.api.v1alpha1 import TrainingJob, TrainingJobSpec
-from torchfleet_operator.build import names, podgroup, pvc, service
+from torchfleet_operator.build import names, podgroup, pvc, security, service
+from torchfleet_operator.build import workload as workload_builder
+from torchfleet_operator.build.labels import ROLE_LABEL
 from torchfleet_operator.build.pods import build_pod, pod_name_for_rank
 from torchfleet_operator.config import OperatorConfig
 from torchfleet_operator.observed import Observed, ObservedPod, parse_time
-from torchfleet_operator.policy import clean_pod, deadline, success, suspend, ttl
-from torchfleet_operator.policy.failure import Failure, exit_is_retryable, restart_backoff
+from torchfleet_operator.policy import admission, clean_pod, deadline, success, suspend, ttl
+from torchfleet_operator.policy.failure import (
+    Failure,
+    exit_is_retryable,
+    first_failure,
+    restart_backoff,
+)
 from torchfleet_operator.status import conditions as cond
+from torchfleet_operator.status import podgroup as podgroup_status
 from torchfleet_operator.status.counts import nodes_ready, replica_statuses
 
 FINISHED = (c.PHASE_SUCCEEDED, c.PHASE_FAILED)
 # Condition types beyond the API's lifecycle ones.
 CONDITION_CHILDREN = "ChildrenRejected"  # the apiserver refused a child; message is its own
+# The stored spec no longer parses under this operator's models; the job goes on as is.
+CONDITION_SPEC_NOT_UNDERSTOOD = "SpecNotUnderstood"
+# False while a pod of the gang is unscheduled: the scheduler's reason and message.
+CONDITION_SCHEDULED = "Scheduled"
+# Failed reasons that delete every pod whatever cleanPodPolicy says.
+HOLDS_NOTHING = ("DeadlineExceeded", "BackoffLimitExceeded")
 
 
 @dataclass(frozen=True)
@@ -50,6 +73,16 @@ class EventSpec:
     message: str
 
 
+@dataclass(frozen=True)
+class WorkloadPatch:
+    """A write to the job's Kueue Workload: a server-side apply of its status
+    under ``field_manager``, or (field_manager None) a merge patch of the object."""
+
+    name: str
+    body: dict[str, Any]
+    field_manager: str | None = None
+
+
 @dataclass
 class Plan:
     create: list[dict[str, Any]] = field(default_factory=list)
@@ -59,6 +92,8 @@ class Plan:
     delete_job: bool = False
     requeue_after: float | None = None  # seconds until a time-based decision is due
     gang_restart: str | None = None  # reason, when this pass starts a restart
+    workload_patches: list[WorkloadPatch] = field(default_factory=list)  # Kueue
+    disruption: str | None = None  # reason, when that restart is a disruption (not counted)
 
     def wake_in(self, seconds: float | None) -> None:
         if seconds is None:
@@ -101,6 +136,7 @@ class _Pass:
         self.namespace: str = meta["namespace"]
         self.uid: str = meta.get("uid", "")
         self.generation = meta.get("generation")
+        self.labels: dict[str, str] = dict(meta.get("labels") or {})
         self.old_status = status
         self.status: dict[str, Any] = dict(status)
         self.observed = observed
@@ -131,8 +167,9 @@ class _Pass:
     def delete_pods(self, pods: list[ObservedPod]) -> None:
         for pod in pods:
             if not pod.deleting:
-                # Finished pods hold nothing: drop them at once.
-                grace = 0 if pod.finished else None
+                # Finished pods hold nothing: drop them at once (not one whose
+                # sidecars still run: they get their grace period).
+                grace = 0 if pod.finished and not pod.sidecars_running else None
                 self.plan.delete.append(ChildRef("Pod", pod.name, pod.uid, grace))
 
     def finalize(self) -> Plan:
@@ -170,10 +207,184 @@ def plan(
         return Plan()  # the garbage collector takes the children with it
     job, problem = validation_problem(body)
     if job is None:
-        return _invalid(step, problem or "invalid spec")
+        return _not_understood(step, body.get("spec") or {}, problem or "invalid spec")
+    step.clear_condition(CONDITION_SPEC_NOT_UNDERSTOOD, "Understood")
     if step.status.get("phase") in FINISHED:
         return _finished(step, job.spec)
     return _active(step, job.spec, default_image, default_shm_size)
+
+
+# ---- Kueue: a queued job's pods wait for its Workload's admission (policy/admission.py) ----
+
+
+def _kueue_gate(
+    step: _Pass, spec: TrainingJobSpec, queue: str, pods: list[ObservedPod], image: str
+) -> dict[str, admission.PodSetInfo] | None:
+    """None: this pass creates no pods (not admitted, evicted, no Workload yet);
+    else the admitted placement per role, for the pods about to be created."""
+    view = step.observed.kueue or admission.KueueView(installed=False)
+    live = [p for p in pods if not p.deleting]
+    if not view.installed:
+        if live:  # running before Kueue went away: not stopped for that
+            return {}
+        step.status["phase"] = c.PHASE_PENDING
+        step.set_condition(
+            admission.ADMITTED,
+            False,
+            admission.REASON_KUEUE_MISSING,
+            admission.kueue_missing_message(queue),
+        )
+        return None
+    workload = view.workload
+    if workload is None or workload.deleting:
+        if workload is None:
+            step.plan.create.append(
+                workload_builder.workload(
+                    step.name, step.namespace, step.uid, spec, queue, view.priority, image
+                )
+            )
+        _mirror(step, None)
+        step.status["phase"] = c.PHASE_PENDING
+        return None
+    _mirror(step, workload)
+    if workload.evicted:
+        _evicted(step, workload, pods, live)
+        return None
+    if not workload.admitted:
+        step.delete_pods(live)  # jobframework stops a job that runs unadmitted
+        step.status["phase"] = c.PHASE_PENDING
+        step.set_condition(
+            c.CONDITION_CREATED,
+            False,
+            "WaitingForAdmission",
+            f"waiting for Kueue to admit Workload {workload.name} from LocalQueue {queue}",
+        )
+        return None
+    step.clear_condition(admission.EVICTED, "Admitted")
+    missing = admission.missing_flavors(workload, view.flavors)
+    if missing:  # the ResourceFlavor informer has not caught up yet
+        step.plan.wake_in(1.0)
+        return None
+    return admission.pod_set_infos(workload, view.flavors)
+
+
+def _mirror(step: _Pass, workload: admission.ObservedWorkload | None) -> None:
+    for type_, value, reason, message in admission.mirrored_conditions(workload):
+        step.set_condition(type_, value, reason, message)
+
+
+def _evicted(
+    step: _Pass,
+    workload: admission.ObservedWorkload,
+    pods: list[ObservedPod],
+    live: list[ObservedPod],
+) -> None:
+    """Stop the gang gracefully (SIGTERM, the trainer saves); once no pod is left,
+    hand the quota back so that Kueue requeues the Workload. A disruption: it
+    never counts toward backoffLimit."""
+    evicted = workload.condition(admission.EVICTED) or {}
+    reason = str(evicted.get("reason") or "Evicted")
+    message = f"evicted by Kueue: {evicted.get('message') or reason}"
+    running = [p for p in live if not p.finished]
+    if running and not cond.is_true(step.status.get("conditions"), admission.EVICTED):
+        step.status["disruptions"] = int(step.status.get("disruptions") or 0) + 1
+    step.set_condition(admission.EVICTED, True, reason, message)
+    step.clear_condition(c.CONDITION_RUNNING, reason)
+    step.set_condition(c.CONDITION_CREATED, False, reason, message)
+    step.status["phase"] = c.PHASE_PENDING
+    step.delete_pods(live)
+    if not pods and workload.has_reservation:
+        step.plan.workload_patches.append(
+            WorkloadPatch(
+                workload.name,
+                admission.clear_reservation(workload, step.stamp),
+                admission.ADMISSION_FIELD_MANAGER,
+            )
+        )
+
+
+def _place(step: _Pass, placement: dict[str, admission.PodSetInfo]) -> None:
+    """Puts the admitted flavors' nodeSelector and tolerations on the pods to create."""
+    step.plan.create = [
+        admission.apply_pod_set_info(m, placement[role])
+        if m["kind"] == "Pod" and (role := m["metadata"]["labels"].get(ROLE_LABEL, "")) in placement
+        else m
+        for m in step.plan.create
+    ]
+
+
+def _kueue_finished(step: _Pass, spec: TrainingJobSpec) -> None:
+    """A finished job's Workload is marked Finished: Kueue releases its quota."""
+    view = step.observed.kueue
+    if admission.kueue_queue(spec, step.labels) is None or view is None:
+        return
+    workload = view.workload
+    if workload is None or workload.finished or workload.deleting:
+        return
+    phase = step.status.get("phase")
+    found = cond.find(step.status.get("conditions"), str(phase)) or {}
+    step.plan.workload_patches.append(
+        WorkloadPatch(
+            workload.name,
+            admission.mark_finished(
+                workload,
+                phase == c.PHASE_SUCCEEDED,
+                str(found.get("message") or f"the TrainingJob {phase}"),
+                step.stamp,
+            ),
+            admission.FINISHED_FIELD_MANAGER,
+        )
+    )
+
+
+def _had_gang(step: _Pass) -> bool:
+    status = step.status
+    return bool(step.observed.pods or status.get("startTime") or status.get("restartCount"))
+
+
+def _not_understood(step: _Pass, raw_spec: dict[str, Any], problem: str) -> Plan:
+    """A stored spec this operator cannot parse.
+
+    Before the first gang it is an invalid spec (Failed). After, the job is
+    left as it is: a finished job keeps its phase (and its TTL), a suspended
+    one stays without pods, a running one keeps its pods; nothing is created,
+    restarted or failed until the spec parses again.
+    """
+    phase = step.status.get("phase")
+    if phase not in FINISHED and not _had_gang(step) and raw_spec.get("suspend") is not True:
+        return _invalid(step, problem)
+    failed = cond.find(step.status.get("conditions"), c.PHASE_FAILED) or {}
+    if failed.get("reason") != c.REASON_INVALID_SPEC:  # that one already says it
+        _report_not_understood(step, problem)
+    if phase in FINISHED:
+        _expire(step, _raw_ttl(raw_spec))
+        return step.finalize()
+    if raw_spec.get("suspend") is True:
+        return _suspend(step, list(step.observed.pods))
+    restart = int(step.status.get("restartCount") or 0)
+    gang = [p for p in step.observed.pods if p.restart == restart]
+    step.status["replicaStatuses"] = replica_statuses(gang)
+    return step.finalize()
+
+
+def _report_not_understood(step: _Pass, problem: str) -> None:
+    message = (
+        f"the stored spec does not parse under this operator ({problem}); the job "
+        f"keeps its pods and phase, and nothing is created or restarted until it parses"
+    )
+    old = cond.find(step.old_status.get("conditions"), CONDITION_SPEC_NOT_UNDERSTOOD)
+    if not old or old.get("status") != "True" or old.get("message") != message:
+        step.plan.events.append(EventSpec("Warning", CONDITION_SPEC_NOT_UNDERSTOOD, message))
+    step.set_condition(CONDITION_SPEC_NOT_UNDERSTOOD, True, "ParseError", message)
+
+
+def _raw_ttl(raw_spec: dict[str, Any]) -> int | None:
+    """ttlSecondsAfterFinished read without the models: it must fire whatever else changed."""
+    run_policy = raw_spec.get("runPolicy")
+    value = run_policy.get("ttlSecondsAfterFinished") if isinstance(run_policy, dict) else None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
 
 
 def _invalid(step: _Pass, problem: str) -> Plan:
@@ -184,18 +395,27 @@ def _invalid(step: _Pass, problem: str) -> Plan:
 
 
 def _finished(step: _Pass, spec: TrainingJobSpec) -> Plan:
-    """Succeeded or Failed: apply cleanPodPolicy, then the TTL."""
-    step.delete_pods(clean_pod.pods_to_clean(spec.run_policy.clean_pod_policy, step.observed.pods))
-    left = ttl.seconds_left(
-        parse_time(step.status.get("completionTime")),
-        spec.run_policy.ttl_seconds_after_finished,
-        step.now,
+    """Succeeded or Failed: clean the pods, then the TTL."""
+    _kueue_finished(step, spec)
+    failed = cond.find(step.status.get("conditions"), c.PHASE_FAILED) or {}
+    holds_nothing = (
+        step.status.get("phase") == c.PHASE_FAILED and failed.get("reason") in HOLDS_NOTHING
     )
+    policy = "All" if holds_nothing else spec.run_policy.clean_pod_policy
+    cleaned = clean_pod.pods_to_clean(policy, step.observed.pods)
+    # A trainer that ended beside native sidecars: the pod would run for ever.
+    cleaned += [p for p in step.observed.pods if p.sidecars_running and p not in cleaned]
+    step.delete_pods(cleaned)
+    _expire(step, spec.run_policy.ttl_seconds_after_finished)
+    return step.finalize()
+
+
+def _expire(step: _Pass, ttl_seconds: int | None) -> None:
+    left = ttl.seconds_left(parse_time(step.status.get("completionTime")), ttl_seconds, step.now)
     if left is not None and left <= 0:
         step.plan.delete_job = True
     else:
         step.plan.wake_in(left)
-    return step.finalize()
 
 
 def _active(
@@ -215,12 +435,17 @@ def _active(
     _progress(step)
 
     if spec.suspend:
-        step.delete_pods(suspend.pods_to_remove(True, pods))
-        step.status["phase"] = c.PHASE_SUSPENDED
-        step.set_condition(c.CONDITION_SUSPENDED, True, "Suspended", "the job is suspended")
-        step.clear_condition(c.CONDITION_RUNNING, "Suspended")
-        return step.finalize()
+        return _suspend(step, pods)
     step.clear_condition(c.CONDITION_SUSPENDED, "Resumed")
+
+    placement: dict[str, admission.PodSetInfo] = {}
+    queue = admission.kueue_queue(spec, step.labels)
+    if queue is not None:
+        admitted = _kueue_gate(step, spec, queue, pods, default_image)
+        if admitted is None:
+            return step.finalize()  # queued: activeDeadlineSeconds does not run yet
+        placement = admitted
+    _start_clock(step)
 
     left = deadline.seconds_left(
         parse_time(step.status.get("startTime")), spec.run_policy.active_deadline_seconds, step.now
@@ -247,8 +472,9 @@ def _active(
 
     # The old generation must be gone before its names are reused.
     step.delete_pods(stale)
-    if any(p for p in pods if p.restart < restart or p.deleting):
-        _waiting(step, restart, "waiting for the previous gang's pods to terminate")
+    terminating = [p for p in pods if p.restart < restart or p.deleting]
+    if terminating:
+        _waiting(step, restart, _why_waiting(step, terminating))
         return step.finalize()
 
     if _in_restart_backoff(step, restart):
@@ -256,13 +482,41 @@ def _active(
 
     try:
         _create_missing(step, spec, gang, restart, default_image, default_shm_size)
+        _place(step, placement)
+    except admission.ConflictError as exc:
+        step.plan.create = []
+        return _invalid(step, f"the admitted flavors cannot be applied: {exc}")
     except (TypeError, AttributeError, KeyError, ValueError) as exc:
         # The CRD keeps template.spec open; a shape the merge cannot use is the
         # user's error, reported like any other invalid spec.
         step.plan.create = []
         return _invalid(step, f"spec.master/worker.template.spec is not a usable PodSpec: {exc!r}")
     _phase_from_gang(step, gang, spec.nodes)
+    step.status = podgroup_status.mirror(
+        step.status,
+        spec.scheduling.pod_group,
+        gang,
+        spec.nodes,
+        step.observed.pod_group,
+        step.stamp,
+    )
     return step.finalize()
+
+
+def _suspend(step: _Pass, pods: list[ObservedPod]) -> Plan:
+    step.delete_pods(suspend.pods_to_remove(True, pods))
+    step.status["phase"] = c.PHASE_SUSPENDED
+    step.set_condition(c.CONDITION_SUSPENDED, True, "Suspended", "the job is suspended")
+    step.clear_condition(c.CONDITION_RUNNING, "Suspended")
+    return step.finalize()
+
+
+def _start_clock(step: _Pass) -> None:
+    """startTime: the first unsuspended pass, and again at each resume (as the Job
+    controller and PyTorchJob do), so activeDeadlineSeconds counts time allowed
+    to run, including time spent unscheduled, but not time spent suspended."""
+    if not step.status.get("startTime") or step.old_status.get("phase") == c.PHASE_SUSPENDED:
+        step.status["startTime"] = step.stamp
 
 
 def _count(step: _Pass, gang: list[ObservedPod], nodes: int) -> None:
@@ -307,24 +561,25 @@ def _gang_was_complete(step: _Pass, restart: int) -> bool:
 def _failures(
     step: _Pass, spec: TrainingJobSpec, gang: list[ObservedPod], restart: int
 ) -> list[Failure]:
-    policy = spec.run_policy
     found: list[Failure] = []
     for pod in gang:
         if pod.phase == "Failed" or (pod.disrupted and not pod.finished):
-            retryable = pod.disrupted or exit_is_retryable(
-                policy.restart_policy,
-                pod.exit_code,
-                policy.retryable_exit_codes or (),
-                policy.permanent_exit_codes or (),
-            )
-            reason = pod.reason if pod.disrupted and pod.reason else "PodFailed"
-            found.append(Failure(pod.name, reason, pod.exit_code, retryable, pod.message or ""))
+            found.append(_pod_failure(pod, spec))
+        elif pod.stuck_reason and not pod.deleting:
+            _stuck_failure(step, pod, found)
         elif pod.node_name in step.observed.nodes_not_ready and not pod.finished:
             since = step.observed.nodes_not_ready[pod.node_name]
             waited = (step.now - since).total_seconds() if since else math.inf
             if waited >= step.config.node_lost_grace_seconds:
                 found.append(
-                    Failure(pod.name, "NodeLost", None, True, f"node {pod.node_name} is NotReady")
+                    Failure(
+                        pod.name,
+                        "NodeLost",
+                        None,
+                        True,
+                        f"node {pod.node_name} is NotReady",
+                        disruption=True,
+                    )
                 )
             else:
                 step.plan.wake_in(step.config.node_lost_grace_seconds - waited)
@@ -340,6 +595,7 @@ def _failures(
                         None,
                         True,
                         "the pod is being deleted while the gang was running",
+                        disruption=True,
                     )
                 )
         present = {p.name for p in gang} | step.observed.expected_created
@@ -353,9 +609,45 @@ def _failures(
                         None,
                         True,
                         "the pod disappeared while the gang was running",
+                        disruption=True,
                     )
                 )
     return found
+
+
+def _stuck_failure(step: _Pass, pod: ObservedPod, found: list[Failure]) -> None:
+    """A trainer that cannot start (image pull back-off) fails the gang past a bound."""
+    bound = step.config.image_pull_bound_seconds
+    since = pod.started_at or step.now
+    waited = (step.now - since).total_seconds()
+    if waited < bound:
+        step.plan.wake_in(bound - waited)
+        return
+    message = f"{pod.stuck_message or 'the trainer container cannot start'} (for {waited:.0f}s)"
+    found.append(Failure(pod.name, pod.stuck_reason or "ImagePullBackOff", None, True, message))
+
+
+def _pod_failure(pod: ObservedPod, spec: TrainingJobSpec) -> Failure:
+    """One failed (or taken) pod, classified (see policy/failure.py)."""
+    if pod.disrupted:
+        reason = pod.reason or "DisruptionTarget"
+        return Failure(
+            pod.name, reason, pod.exit_code, True, pod.message or "", True, pod.finished_at
+        )
+    if pod.never_started:
+        reason = pod.reason or "NeverStarted"
+        message = pod.message or "no container of the pod ever started"
+        return Failure(pod.name, reason, None, True, message, finished_at=pod.finished_at)
+    policy = spec.run_policy
+    retryable = exit_is_retryable(
+        policy.restart_policy,
+        pod.exit_code,
+        policy.retryable_exit_codes or (),
+        policy.permanent_exit_codes or (),
+    )
+    return Failure(
+        pod.name, "PodFailed", pod.exit_code, retryable, pod.message or "", False, pod.finished_at
+    )
 
 
 def _on_failure(
@@ -366,24 +658,33 @@ def _on_failure(
     failures: list[Failure],
 ) -> Plan:
     policy = spec.run_policy
-    permanent = next((f for f in failures if not f.retryable), None)
-    if permanent is not None:
+    first = first_failure(failures)
+    if not first.retryable:
         step.finish(
             c.PHASE_FAILED,
             "PodFailedPermanently",
-            f"{permanent.describe()}; not retryable under restartPolicy {policy.restart_policy}",
+            f"{first.describe()}; not retryable under restartPolicy {policy.restart_policy}",
         )
         return _finished(step, spec)
-    first = failures[0]
-    if restart >= policy.backoff_limit:
+    disruptions = int(step.status.get("disruptions") or 0)
+    counted = _counted_restarts(step.status, restart)
+    if not first.disruption and counted >= policy.backoff_limit:
         step.finish(
             c.PHASE_FAILED,
             "BackoffLimitExceeded",
             f"{first.describe()}; backoffLimit {policy.backoff_limit} reached "
-            f"after {restart} restarts",
+            f"after {counted} counted restarts ({disruptions} disruptions not counted)",
         )
         return _finished(step, spec)
     # Restart the whole gang: bump the generation, delete every pod of this one.
+    if first.disruption:
+        step.status["disruptions"] = disruptions + 1
+        step.plan.disruption = first.reason
+        counted_text = "a disruption, not counted toward backoffLimit"
+    else:
+        counted_text = f"{counted + 1} of backoffLimit {policy.backoff_limit}"
+        counted += 1
+    step.status["countedRestarts"] = counted
     step.status["restartCount"] = restart + 1
     step.status["phase"] = c.PHASE_RESTARTING
     # A fresh transition time: the back-off of this restart counts from now.
@@ -394,13 +695,26 @@ def _on_failure(
         c.CONDITION_RESTARTING,
         True,
         first.reason,
-        f"restart {restart + 1} of {policy.backoff_limit}: {first.describe()}",
+        f"restart {restart + 1} ({counted_text}): {first.describe()}",
     )
     step.clear_condition(c.CONDITION_RUNNING, first.reason)
     step.delete_pods(gang)
     step.plan.gang_restart = first.reason
     step.plan.wake_in(_backoff(step, restart))
     return step.finalize()
+
+
+def _counted_restarts(status: dict[str, Any], restart: int) -> int:
+    """Restarts that count toward backoffLimit (the program's own failures).
+
+    Stored once known; a status written before the field existed derives it:
+    every restart that was not a disruption. A Kueue eviction is a disruption
+    that restarts nothing, so the derivation is clamped at 0.
+    """
+    stored = status.get("countedRestarts")
+    if isinstance(stored, int) and not isinstance(stored, bool) and stored >= 0:
+        return stored
+    return max(0, restart - int(status.get("disruptions") or 0))
 
 
 def _backoff(step: _Pass, restarts_before: int) -> float:
@@ -425,6 +739,37 @@ def _in_restart_backoff(step: _Pass, restart: int) -> bool:
         step.plan.wake_in(left)
         return True
     return False
+
+
+def _lost_for(step: _Pass, pod: ObservedPod) -> float | None:
+    """Seconds since ``pod``'s node was lost (inf: out of service); None: it is not."""
+    if pod.node_name not in step.observed.nodes_not_ready:
+        return None
+    since = step.observed.nodes_not_ready[pod.node_name]
+    return math.inf if since is None else (step.now - since).total_seconds()
+
+
+def _why_waiting(step: _Pass, terminating: list[ObservedPod]) -> str:
+    """Force-deletes terminating pods whose node has been lost past the grace (a
+    dead kubelet never confirms their deletion), and says what the gang waits for."""
+    grace = step.config.node_loss_force_delete_seconds
+    on_lost_nodes = []
+    for pod in terminating:
+        lost = _lost_for(step, pod)
+        if lost is None:
+            continue
+        on_lost_nodes.append(pod)
+        if lost >= grace:
+            step.plan.delete.append(ChildRef("Pod", pod.name, pod.uid, 0))
+        else:
+            step.plan.wake_in(grace - lost)
+    if not on_lost_nodes:
+        return "waiting for the previous gang's pods to terminate"
+    names = ", ".join(f"{p.name} (node {p.node_name})" for p in on_lost_nodes[:5])
+    return (
+        f"waiting for the previous gang's pods to terminate; on lost nodes: {names}; "
+        f"force-deleted {grace:g}s after the node was lost"
+    )
 
 
 def _waiting(step: _Pass, restart: int, why: str) -> None:
@@ -484,9 +829,9 @@ def _phase_from_gang(step: _Pass, gang: list[ObservedPod], nodes: int) -> None:
             "GangCreated",
             f"all {nodes} pods of gang {step.status['restartCount']} exist",
         )
+    _scheduling(step, gang)
     if running == nodes:
         step.status["phase"] = c.PHASE_RUNNING
-        step.status.setdefault("startTime", step.stamp)
         step.set_condition(
             c.CONDITION_RUNNING, True, "GangRunning", f"all {nodes} pods are running"
         )
@@ -495,6 +840,38 @@ def _phase_from_gang(step: _Pass, gang: list[ObservedPod], nodes: int) -> None:
         step.status.get("conditions"), c.CONDITION_RESTARTING
     ):
         step.status["phase"] = c.PHASE_PENDING
+
+
+def _scheduling(step: _Pass, gang: list[ObservedPod]) -> None:
+    """Why a gang waits: the scheduler's words for its first unscheduled pod."""
+    waiting = sorted(
+        (p for p in gang if p.unschedulable and not p.deleting), key=lambda p: p.node_rank
+    )
+    if waiting:
+        first = waiting[0]
+        more = f" (and {len(waiting) - 1} more pods)" if len(waiting) > 1 else ""
+        reason, _, message = first.unschedulable.partition(": ")  # type: ignore[union-attr]
+        step.set_condition(CONDITION_SCHEDULED, False, reason, f"pod {first.name}: {message}{more}")
+    elif cond.find(step.status.get("conditions"), CONDITION_SCHEDULED) is not None:
+        step.set_condition(CONDITION_SCHEDULED, True, "GangScheduled", "every pod is scheduled")
+
+
+def after_execute(
+    status: dict[str, Any],
+    previous: dict[str, Any],
+    rejected: list[tuple[str, str, int, str]],
+    still_held: bool,
+    now: datetime,
+) -> dict[str, Any]:
+    """The status once the plan ran: the plan's, plus what the apiserver refused.
+
+    ``rejected`` are this pass's refusals (kind, name, code, message);
+    ``still_held`` says whether children refused earlier still wait for their
+    back-off, in which case the earlier refusal still stands.
+    """
+    if rejected or not still_held:
+        return with_rejections(status, rejected, now)
+    return keep_condition(status, previous, CONDITION_CHILDREN)
 
 
 def with_rejections(
@@ -519,6 +896,9 @@ def with_rejections(
             f"the PodGroup CRD for spec.scheduling.podGroup is not installed in this "
             f"cluster ({message}); install the scheduler or set podGroup None"
         )
+    refusal = security.describe_refusal(message)
+    if refusal is not None:
+        reason, message = security.POD_SECURITY_REASON, refusal
     text = f"{kind} {name}: {message}"
     if len(rejected) > 1:
         text += f" (and {len(rejected) - 1} more)"

@@ -47,6 +47,22 @@ def sometimes(value: Strategy, odds: int) -> Strategy:
     return st.sampled_from(range(odds)).flatmap(lambda r: value if r == 0 else st.just(_ABSENT))
 
 
+TEMPLATE_SPECS = [
+    {},
+    {"nodeSelector": {"pool": "gpu"}},
+    {"containers": [{"name": "trainer", "env": [{"name": "HF_HOME", "value": "/cache"}]}]},
+    {"containers": [{"name": "trainer", "resources": {"limits": {"memory": "64Gi", "cpu": 8}}}]},
+    {"tolerations": [{"key": "gpu", "operator": "Exists"}], "priorityClassName": "high"},
+]
+BAD_TEMPLATE_SPECS = [
+    {"containers": [{"name": "trainer", "resources": {"limits": {"cpu": "lots"}}}]},
+    {"containers": [{"name": "trainer", "ports": "many"}]},
+    {"containers": [{"name": "trainer", "env": [{"name": "WORLD_SIZE", "value": "8"}]}]},
+    {"containers": [{"image": "no-name:1"}]},
+    {"tolerations": {"key": "gpu"}},
+]
+
+
 class SchemaStrategies:
     """Strategies for the nodes of the models' structural schema."""
 
@@ -54,6 +70,10 @@ class SchemaStrategies:
         self.optional_odds = optional_odds
 
     def node(self, node: dict[str, Any], path: str) -> Strategy:
+        if path.endswith(".template.spec"):
+            # The API server's own PodSpec schema: drawn from a few pod specs, since
+            # walking its hundreds of fields would drown the job's own rules.
+            return mostly(st.sampled_from(TEMPLATE_SPECS), st.sampled_from(BAD_TEMPLATE_SPECS))
         if node.get("x-kubernetes-int-or-string"):
             return self._int_or_string(path)
         if node.get("x-kubernetes-preserve-unknown-fields"):

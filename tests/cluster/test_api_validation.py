@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tests.fixtures.api import TrainingJobs
-from tests.unit.api.cases import INVALID, Invalid, job
+from tests.unit.api.cases import INVALID, RICH_POD_SPEC, Invalid, job
 from torchfleet_operator.api import (
     Condition,
     ProgressStatus,
@@ -47,6 +47,14 @@ def test_api_server_rejects_naming_the_field(
     assert rejection is not None, f"{case.id}: the API server accepted it"
     assert rejection.names(case.field), rejection.message
     assert case.says in rejection.message, rejection.message
+
+
+def test_a_template_using_much_of_pod_spec_is_accepted(
+    trainingjobs: TrainingJobs, validation_namespace: str
+) -> None:
+    """The same template the models accept (tests/unit/api/test_models.py)."""
+    manifest = job("rich-template", {"worker": {"template": {"spec": RICH_POD_SPEC}}})
+    assert trainingjobs.admit(validation_namespace, manifest) is None
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)

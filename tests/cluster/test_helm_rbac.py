@@ -128,7 +128,8 @@ def test_operator_with_only_the_charts_service_account_runs_a_job_lifecycle(
         # The PodGroup CRDs need not be installed, and then `kubectl auth can-i`
         # cannot map the name to a group (it asks about a group-less resource
         # and says no); a SelfSubjectAccessReview asks about the group itself.
-        assert allowed(cluster, kubeconfig, "create", group, "podgroups", watched), group
+        for verb in ("create", "list", "watch"):
+            assert allowed(cluster, kubeconfig, verb, group, "podgroups", watched), (verb, group)
         assert not allowed(cluster, kubeconfig, "delete", group, "podgroups", watched), group
     for question in (
         ("get", "secrets", "-n", watched),

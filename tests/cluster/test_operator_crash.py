@@ -66,10 +66,84 @@ def test_pod_the_apiserver_refuses_shows_its_message_and_backs_off(
     )
     assert "imagePullPolicy" in rejected["message"]
     assert "llm-master-0" in rejected["message"]
-    assert job_driver.live_pods(namespace, "llm")[0]["metadata"]["name"] == "llm-worker-0"
+    # The server-side dry-run of the new gang refused it: no worker without its master.
+    assert job_driver.live_pods(namespace, "llm") == []
     errors = operator.metric("torchfleet_operator_api_errors_total", resource="Pod")
-    time.sleep(3)
-    later = operator.metric("torchfleet_operator_api_errors_total", resource="Pod")
-    # Back-off (0.5s doubling in tests) despite the worker's and the job's own
-    # events: a handful of retries in 3 seconds, not a hot loop.
-    assert errors >= 1 and later - errors <= 4
+    assert errors >= 1
+    # Back-off (0.5 s doubling in tests) despite the worker's and the job's own
+    # events: the next two retries take about a second or more, not a hot loop.
+    started = time.monotonic()
+    job_driver.wait_for(
+        "two more refused retries",
+        lambda: (
+            operator.metric("torchfleet_operator_api_errors_total", resource="Pod") >= errors + 2
+        ),
+        timeout=30,
+    )
+    assert time.monotonic() - started >= 0.8
+
+
+def test_the_restart_bump_is_stored_before_the_old_gang_is_deleted(
+    operator_factory, job_driver, namespace, cluster
+):
+    """A crash between the two must not lose the restart: the apiserver's own order
+    of writes (etcd revisions, one etcd here) shows the status write came first."""
+    import threading
+
+    from kubernetes import client, watch
+
+    operator_factory(namespaces=[namespace])
+    api = cluster.api_client()
+    job_driver.create(namespace, "llm", spec(workers=1, runPolicy={"restartPolicy": "OnFailure"}))
+    job_driver.wait_running_pods(namespace, "llm", 2)
+    start = job_driver.get(namespace, "llm")["metadata"]["resourceVersion"]
+    seen: list[tuple[int, str, dict]] = []
+    stop = threading.Event()
+
+    def follow(kind: str, list_call, **kwargs) -> None:
+        stream = watch.Watch()
+        for event in stream.stream(
+            list_call, namespace=namespace, resource_version=start, timeout_seconds=60, **kwargs
+        ):
+            obj = event["object"]
+            obj = obj if isinstance(obj, dict) else api.sanitize_for_serialization(obj)
+            seen.append((int(obj["metadata"]["resourceVersion"]), kind, obj))
+            if stop.is_set():
+                stream.stop()
+
+    custom = client.CustomObjectsApi(api)
+    threads = [
+        threading.Thread(
+            target=follow,
+            args=("job", custom.list_namespaced_custom_object),
+            kwargs={"group": "torchfleet.dev", "version": "v1alpha1", "plural": "trainingjobs"},
+            daemon=True,
+        ),
+        threading.Thread(
+            target=follow, args=("pod", client.CoreV1Api(api).list_namespaced_pod), daemon=True
+        ),
+    ]
+    for thread in threads:
+        thread.start()
+    job_driver.fail_pod(namespace, "llm-worker-0", exit_code=1)
+    job_driver.wait_running_pods(namespace, "llm", 2, restart=1)
+    stop.set()
+    # One more event on each watch, so that both streams see the stop.
+    job_driver.patch(namespace, "llm", {"metadata": {"labels": {"done": "yes"}}})
+    job_driver.patch_pod(namespace, "llm-master-0", {"metadata": {"labels": {"done": "yes"}}})
+    for thread in threads:
+        thread.join(timeout=70)
+
+    bumped = min(
+        rv
+        for rv, kind, obj in seen
+        if kind == "job" and (obj.get("status") or {}).get("restartCount") == 1
+    )
+    old_gang_deleted = min(
+        rv
+        for rv, kind, obj in seen
+        if kind == "pod"
+        and obj["metadata"]["labels"].get("torchfleet.dev/restart") == "0"
+        and obj["metadata"].get("deletionTimestamp")
+    )
+    assert bumped < old_gang_deleted, (bumped, old_gang_deleted)

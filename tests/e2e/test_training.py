@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.fixtures.e2e import LOCAL_PLACEMENT, REPO, NodeAgent, apply_objects
+from tests.fixtures.e2e import LOCAL_PLACEMENT, REPO, NodeAgent, apply_objects, on_session_nodes
 
 from nodeagent import procs  # isort: skip  (dev/ is put on the path by the fixtures)
 
@@ -39,7 +39,8 @@ KILL_AFTER_STEP = 100
 
 
 def load_example(name: str) -> dict[str, Any]:
-    return dict(yaml.safe_load((EXAMPLES / name).read_text()))
+    """An example, placed on this session's agent nodes (not a demo's)."""
+    return on_session_nodes(dict(yaml.safe_load((EXAMPLES / name).read_text())))
 
 
 SHAKESPEARE = load_example("shakespeare-ddp.yaml")

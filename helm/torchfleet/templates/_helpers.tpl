@@ -95,7 +95,11 @@ operator makes (operator/torchfleet_operator/handlers.py and kube.py):
 - pods: watched (by label) and created and deleted as a gang. Services and
   PVCs are only created: the garbage collector removes them with their job.
 - events: the operator posts core/v1 Events itself (kopf's posting is off).
-- podgroups: created for gang scheduling with scheduler-plugins or Volcano.
+- podgroups: created for gang scheduling with scheduler-plugins or Volcano,
+  and watched (by label) so the job's status mirrors the gang's placement.
+- workloads (Kueue): a queued job's Workload is created and watched; its
+  status is server-side applied to clear an evicted job's reservation and to
+  mark a finished job's Workload Finished.
 */}}
 {{- define "torchfleet.rbac.namespacedRules" -}}
 - apiGroups: ["torchfleet.dev"]
@@ -119,15 +123,25 @@ operator makes (operator/torchfleet_operator/handlers.py and kube.py):
 {{- range .Values.rbac.podGroupAPIGroups }}
 - apiGroups: [{{ . | quote }}]
   resources: ["podgroups"]
-  verbs: ["create"]
+  verbs: ["list", "watch", "create"]
 {{- end }}
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["list", "watch", "create"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads/status"]
+  verbs: ["patch"]
 {{- end }}
 
 {{/*
 Cluster-scoped reads:
 - nodes: the operator watches them to notice a NotReady node losing its pods.
 - customresourcedefinitions: kopf watches them to follow the TrainingJob
-  resource appearing or going away (discovery itself needs no grant).
+  resource appearing or going away (discovery itself needs no grant), and
+  Kueue's Workload CRD (a queued job waits with a condition while it is absent).
+- resourceflavors (Kueue): an admitted flavor's nodeLabels and tolerations go
+  onto the pods.
+- priorityclasses: a queued job's Workload carries its PriorityClass's value.
 - namespaces, namespaced mode only: kopf lists and watches them to resolve its
   --namespace list. Refused, it retries for about half a minute, logging
   errors, before it starts watching at all. Cluster-wide it never lists them.
@@ -138,6 +152,12 @@ Cluster-scoped reads:
   verbs: ["list", "watch"]
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
+  verbs: ["list", "watch"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["resourceflavors"]
+  verbs: ["list", "watch"]
+- apiGroups: ["scheduling.k8s.io"]
+  resources: ["priorityclasses"]
   verbs: ["list", "watch"]
 {{- if .Values.operator.watchNamespaces }}
 - apiGroups: [""]
@@ -169,4 +189,8 @@ TORCHFLEET_OPERATOR_* variables its OperatorConfig reads by that prefix.
   value: {{ $defaults.restartBackoffSeconds | quote }}
 - name: TORCHFLEET_OPERATOR_RESTART_BACKOFF_MAX_SECONDS
   value: {{ $defaults.restartBackoffMaxSeconds | quote }}
+{{- if hasKey $defaults "nodeLossGraceSeconds" }}
+- name: TORCHFLEET_OPERATOR_NODE_LOSS_FORCE_DELETE_SECONDS
+  value: {{ $defaults.nodeLossGraceSeconds | quote }}
+{{- end }}
 {{- end }}

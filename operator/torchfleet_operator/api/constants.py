@@ -28,6 +28,7 @@ DEFAULT_GPU_RESOURCE: Final = "nvidia.com/gpu"
 
 # Kueue admits a suspended job whose pods carry this label.
 KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
+VOLCANO_SCHEDULER: Final = "volcano"  # Volcano's scheduler name (its default --scheduler-name)
 
 # status.phase values.
 PHASE_PENDING: Final = "Pending"

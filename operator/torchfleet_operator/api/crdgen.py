@@ -2,6 +2,8 @@
 
     python -m torchfleet_operator.api.crdgen           # write the CRD files
     python -m torchfleet_operator.api.crdgen --check   # exit 1 naming a drifted file
+    python -m torchfleet_operator.api.crdgen --pod-schema-source api__v1_openapi.json \
+        --kubernetes-version v1.36.3                   # refresh the embedded PodSpec (podspec.py)
 
 pydantic's JSON schema is turned into a structural OpenAPI v3 schema as the
 API server wants it: ``$ref`` inlined, optional fields as plain types (the
@@ -22,7 +24,7 @@ from typing import Any
 import yaml
 
 from torchfleet_operator.api import constants as c
-from torchfleet_operator.api import trainer_rules
+from torchfleet_operator.api import podspec, trainer_rules
 from torchfleet_operator.api.v1alpha1 import TrainingJob
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -246,7 +248,21 @@ def main(argv: list[str] | None = None) -> int:
         "--check", action="store_true", help="exit 1 when a committed CRD file differs"
     )
     parser.add_argument("--root", type=Path, default=REPO_ROOT, help="repository root")
+    parser.add_argument(
+        "--pod-schema-source",
+        type=Path,
+        help="first refresh the embedded PodSpec from this core/v1 OpenAPI v3 document "
+        "(make pod-schema)",
+    )
+    parser.add_argument("--kubernetes-version", help="the Kubernetes release of that document")
     args = parser.parse_args(argv)
+    if args.pod_schema_source:
+        if not args.kubernetes_version:
+            parser.error("--pod-schema-source needs --kubernetes-version")
+        text = podspec.trimmed_text(args.pod_schema_source, args.kubernetes_version)
+        podspec.SCHEMA_FILE.write_text(text)
+        print(f"wrote {podspec.SCHEMA_FILE.relative_to(REPO_ROOT)} ({len(text)} bytes)")
+        return 0
     text = render()
     if args.check:
         drifted = _drifted(args.root, text)

@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from torchfleet_operator.api.base import RuleViolation
+from torchfleet_operator.api.podspec import PodSpecViolation
 from torchfleet_operator.api.v1alpha1 import TrainingJob, TrainingJobSpec
 
 
@@ -40,6 +41,8 @@ def _problems(error: ValidationError, prefix: str) -> list[tuple[str, str]]:
         if isinstance(cause, RuleViolation) and cause.rule.field_path:
             # A model-level rule blames one field below the model.
             path = (path + cause.rule.field_path).lstrip(".")
+        elif isinstance(cause, PodSpecViolation):
+            path += cause.path  # the field inside a template's pod spec
         message = str(cause) if cause is not None else item["msg"]
         problems.append((path, message.removeprefix("Value error, ")))
     return problems

@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from torchfleet_operator.api import constants as c
+from torchfleet_operator.api import podspec
 from torchfleet_operator.api.base import (
     ApiModel,
     DnsSubdomain,
@@ -53,13 +54,30 @@ class TemplateMetadata(ApiModel):
     )
 
 
-# The pod spec is kept as an open object on purpose: embedding the full
-# PodSpec schema would add ~10k lines to the CRD and pin it to one Kubernetes
-# version, while the API server validates every pod the operator creates from
-# it anyway (and the job then fails with the server's message).
+def _check_pod_spec(pod_spec: dict[str, Any]) -> dict[str, Any]:
+    podspec.validate(pod_spec)
+    return pod_spec
+
+
+_POD_SPEC_DESCRIPTION = (
+    "A core/v1 PodSpec merged over the operator's pod: fields such as nodeSelector, "
+    "tolerations, affinity, volumes and serviceAccountName are taken as given; the "
+    f"container named '{c.TRAINER_CONTAINER_NAME}' (created if absent) is merged with the "
+    "job's image, command, env, resources, securityContext and mounts key by key, its own "
+    "values winning; other containers are added as sidecars. Its env may not set the pod "
+    "contract's variables (PET_*, TORCHFLEET_*, MASTER_ADDR, MASTER_PORT, NNODES, "
+    "NODE_RANK, RANK, WORLD_SIZE, LOCAL_RANK). Schema: Kubernetes "
+    f"{podspec.kubernetes_version()} PodSpec without descriptions (kubectl explain "
+    'pod.spec); resource quantities are integers or strings ("500m", "0.5").'
+)
+
+# The API server's own PodSpec schema (podspec.py), so a bad template is refused at
+# apply time naming the field; what no schema can check (a mount naming a missing
+# volume) the operator's server-side dry-run of the first pod catches.
 PodSpecFields = Annotated[
     dict[str, Any],
-    WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
+    AfterValidator(_check_pod_spec),
+    WithJsonSchema(podspec.structural_schema(_POD_SPEC_DESCRIPTION)),
 ]
 
 
@@ -69,16 +87,7 @@ class PodTemplate(ApiModel):
     metadata: TemplateMetadata | None = Field(
         None, description="Labels and annotations for the role's pods."
     )
-    spec: PodSpecFields | None = Field(
-        None,
-        description="A core/v1 PodSpec merged over the operator's pod: fields such as "
-        "nodeSelector, tolerations, affinity, volumes, securityContext and "
-        "serviceAccountName are taken as given; the container named "
-        f"'{c.TRAINER_CONTAINER_NAME}' (created if absent) is merged with the job's "
-        "image, command, env, resources and mounts, its own values winning; other "
-        "containers are added as sidecars. Validated by the API server when the "
-        "operator creates the pods.",
-    )
+    spec: PodSpecFields | None = Field(None, description=_POD_SPEC_DESCRIPTION)
 
 
 # ---- roles --------------------------------------------------------------------------------
@@ -228,6 +237,29 @@ def _needs_rdma_transport(field: str) -> Rule:
 _INTERFACE_LIST = r"^[=^]?[A-Za-z0-9_.:-]+(,[A-Za-z0-9_.:-]+)*$"
 _HCA = r"^[A-Za-z0-9_.-]+(:[0-9]+)?$"
 
+# With an RDMA transport the operator sets these itself (NCCL_NET=IB makes NCCL
+# fail fast instead of falling back to sockets), so ncclEnv may not.
+_TRANSPORT_VARIABLES = ("NCCL_NET", "NCCL_IB_DISABLE")
+_RDMA_TRANSPORTS = ("infiniband", "roce")
+
+
+def _nccl_env_leaves_transport_alone() -> Rule:
+    names = ", ".join(_TRANSPORT_VARIABLES)
+    in_env = " || ".join(f"'{name}' in self.ncclEnv" for name in _TRANSPORT_VARIABLES)
+
+    def check(network: NetworkSpec) -> bool:
+        return network.transport == "auto" or not set(_TRANSPORT_VARIABLES) & set(
+            network.nccl_env or {}
+        )
+
+    return Rule(
+        cel=f"self.transport == 'auto' || !has(self.ncclEnv) || !({in_env})",
+        message=f"network.ncclEnv may not set {names} when network.transport is not auto "
+        "(the transport sets them)",
+        check=check,
+        field_path=".ncclEnv",
+    )
+
 
 class NetworkSpec(ApiModel):
     """How ranks talk: transport, NICs, RDMA, NCCL environment."""
@@ -235,14 +267,20 @@ class NetworkSpec(ApiModel):
     transport: Literal["auto", "tcp", "infiniband", "roce"] = Field(
         "auto",
         description="Inter-node transport. 'auto' lets NCCL pick; 'tcp' disables IB "
-        "(NCCL_IB_DISABLE=1); 'infiniband' and 'roce' require the IB transport.",
+        "(NCCL_IB_DISABLE=1); 'infiniband' and 'roce' require the IB transport "
+        "(NCCL_NET=IB: NCCL fails at start rather than falling back to sockets). Pod "
+        "Security: tcp and auto pods pass the restricted level; with rdmaResources the "
+        "pods add the IPC_LOCK capability, which needs the privileged level (baseline "
+        "allows no added capability beyond its default set).",
     )
     socket_interface: (
         Annotated[str, StringConstraints(max_length=256, pattern=_INTERFACE_LIST)] | None
     ) = Field(
         None,
         description="Interface(s) for bootstrap and socket traffic, NCCL syntax "
-        "(e.g. eth0, ^lo,docker, =ib0); sets NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME.",
+        "(e.g. eth0, eth0,eth1, ^lo,docker, =ib0); sets NCCL_SOCKET_IFNAME. A plain list "
+        "of exact names also sets GLOO_SOCKET_IFNAME; NCCL's ^ (exclude) and = (exact) "
+        "forms do not, since gloo reads only interface names and would fail to start.",
     )
     ib_hcas: list[Annotated[str, StringConstraints(max_length=64, pattern=_HCA)]] | None = Field(
         None,
@@ -250,7 +288,14 @@ class NetworkSpec(ApiModel):
         min_length=1,
         max_length=32,
         description="InfiniBand/RoCE adapters (and optional port) to use, e.g. mlx5_0:1; "
-        "sets NCCL_IB_HCA.",
+        "sets NCCL_IB_HCA (matched as ibHCAMatch says).",
+    )
+    ib_hca_match: Literal["Exact", "Prefix"] = Field(
+        "Exact",
+        alias="ibHCAMatch",
+        description="How NCCL matches ibHCAs: Exact (NCCL_IB_HCA gets NCCL's '=' prefix, so "
+        "mlx5_1 is only mlx5_1) or Prefix (NCCL's default: mlx5_1 also selects "
+        "mlx5_10..mlx5_19).",
     )
     gid_index: int | None = Field(
         None, ge=0, le=255, description="RoCE GID index; sets NCCL_IB_GID_INDEX."
@@ -297,6 +342,7 @@ class NetworkSpec(ApiModel):
     rules = (
         *(_nccl_env_leaves_alone(field, var) for field, var in _NCCL_VARIABLE_OF_FIELD.items()),
         *(_needs_rdma_transport(field) for field in _RDMA_FIELDS),
+        _nccl_env_leaves_transport_alone(),
     )
 
 
@@ -457,8 +503,11 @@ class TopologySpec(ApiModel):
     )
     mode: Literal["Preferred", "Required"] = Field(
         "Preferred",
-        description="Preferred: a scheduling preference. Required: all pods in one domain "
-        "or none are scheduled.",
+        description="Preferred: a scheduling preference. Required: every pod must land in "
+        "the same domain (a hard podAffinity). With a gang scheduler (podGroup Coscheduling "
+        "or Volcano) that means all pods in one domain or none bound. Without one the "
+        "default scheduler places pods one at a time: the first pod picks the domain, and "
+        "pods that do not fit there stay Pending while the placed ones hold their GPUs.",
     )
 
 
@@ -468,7 +517,10 @@ class SchedulingSpec(ApiModel):
     scheduler_name: DnsSubdomain | None = Field(
         None,
         description="Scheduler for the pods; unset: 'volcano' with podGroup Volcano, "
-        "otherwise the cluster default.",
+        "otherwise the cluster default (scheduler-plugins installed as the only scheduler "
+        "runs Coscheduling under the default name; installed as a second scheduler, name "
+        "it here, e.g. scheduler-plugins-scheduler). A role template's "
+        "spec.schedulerName must agree with it.",
     )
     pod_group: Literal["None", "Coscheduling", "Volcano"] = Field(
         "None",
@@ -480,12 +532,16 @@ class SchedulingSpec(ApiModel):
         None,
         ge=1,
         le=2**31 - 1,
-        description="How long the gang may wait to be scheduled as a whole (PodGroup).",
+        description="Coscheduling: how long the gang's placed pods wait at the scheduler "
+        "for their siblings before the whole gang is released and retried (the PodGroup's "
+        "scheduleTimeoutSeconds); unset: 300. Volcano's PodGroup has no timeout: its gang "
+        "waits in its queue until it fits as a whole.",
     )
     queue_name: LabelValue | None = Field(
         None,
-        description=f"Queue to admit the job from: set as the {c.KUEUE_QUEUE_LABEL} label "
-        "and, with podGroup Volcano, the PodGroup's queue.",
+        description="Kueue LocalQueue to admit the job from (like the "
+        f"{c.KUEUE_QUEUE_LABEL} label on the job): no pods until Kueue admits its "
+        "Workload. With podGroup Volcano it names the PodGroup's Volcano queue instead.",
     )
     priority_class_name: DnsSubdomain | None = Field(
         None, description="PriorityClass of the pods (and of the PodGroup)."
@@ -496,15 +552,50 @@ class SchedulingSpec(ApiModel):
 
     rules = (
         Rule(
-            cel="self.podGroup != 'None' || !has(self.scheduleTimeoutSeconds)",
-            message="scheduling.scheduleTimeoutSeconds needs a podGroup (Coscheduling or Volcano)",
-            check=lambda s: s.pod_group != "None" or s.schedule_timeout_seconds is None,
+            cel="self.podGroup == 'Coscheduling' || !has(self.scheduleTimeoutSeconds)",
+            message="scheduling.scheduleTimeoutSeconds needs podGroup Coscheduling (Volcano's "
+            "PodGroup has no timeout)",
+            check=lambda s: s.pod_group == "Coscheduling" or s.schedule_timeout_seconds is None,
             field_path=".scheduleTimeoutSeconds",
         ),
     )
 
+    @property
+    def resolved_scheduler_name(self) -> str | None:
+        """The pods' scheduler; None leaves it to the cluster's default."""
+        if self.scheduler_name:
+            return self.scheduler_name
+        return c.VOLCANO_SCHEDULER if self.pod_group == "Volcano" else None
+
 
 # ---- the spec -----------------------------------------------------------------------------
+
+
+def _template_scheduler_agrees(role: str) -> Rule:
+    """A role template's schedulerName may not send the gang past its gang scheduler."""
+
+    def check(spec: Any) -> bool:
+        template = getattr(spec, role).template
+        theirs = ((template.spec if template else None) or {}).get("schedulerName")
+        ours = spec.scheduling.resolved_scheduler_name
+        return theirs is None or ours is None or theirs == ours
+
+    pod_spec = f"self.{role}.template.spec"
+    ours = (
+        "(has(self.scheduling.schedulerName) ? self.scheduling.schedulerName : "
+        f"self.scheduling.podGroup == 'Volcano' ? '{c.VOLCANO_SCHEDULER}' : '')"
+    )
+    return Rule(
+        cel=f"!has(self.{role}.template) || !has({pod_spec}) || "
+        f"!has({pod_spec}.schedulerName) || {ours} == '' || "
+        f"{pod_spec}.schedulerName == {ours}",
+        message=f"spec.{role}.template.spec.schedulerName contradicts spec.scheduling "
+        "(schedulerName, or 'volcano' for podGroup Volcano): set the scheduler in "
+        "spec.scheduling.schedulerName only",
+        check=check,
+        field_path=f".{role}.template.spec.schedulerName",
+    )
+
 
 # Fields that shape the pods: changing them would need new pods, so they may
 # change only while the job is suspended (Kueue rewrites them then).
@@ -519,6 +610,15 @@ IMMUTABLE_WHILE_RUNNING = (
     "trainer",
     "command",
     "args",
+)
+
+
+# Set by torchrun per process, so wrong in a pod's command when it runs several.
+_PER_PROCESS_VARIABLES = ("$(RANK)", "$(WORLD_SIZE)")
+_PER_PROCESS_MESSAGE = (
+    "spec.command/spec.args use $(RANK) or $(WORLD_SIZE), which are per process and set "
+    "by torchrun, while processesPerNode is not 1: use $(NODE_RANK)/$(NNODES), or plain "
+    "`torchrun train.py` (it reads the pod's PET_* variables)"
 )
 
 
@@ -566,8 +666,9 @@ class TrainingJobSpec(ApiModel):
     scheduling: SchedulingSpec = section(SchedulingSpec, "Scheduler, gang, queue, priority.")
     suspend: bool = Field(
         False,
-        description="Suspended jobs have no pods (running ones are deleted); Kueue "
-        "unsuspends a job when it admits it.",
+        description="Suspended jobs have no pods (running ones are deleted). A job "
+        "queued in Kueue waits for its Workload's admission instead (status conditions "
+        "QuotaReserved and Admitted).",
     )
 
     rules = (
@@ -596,7 +697,25 @@ class TrainingJobSpec(ApiModel):
             check=lambda s: s.run_policy.success_policy != "AllWorkers" or s.worker.replicas > 0,
             field_path=".runPolicy.successPolicy",
         ),
+        Rule(
+            cel=f"self.processesPerNode == 1 || "
+            f"((self.processesPerNode == 'auto' || self.processesPerNode == 'gpu') && "
+            f"self.resources.gpus <= 1) || "
+            f"((has(self.command) ? self.command : []) + (has(self.args) ? self.args : []))"
+            f".all(a, {' && '.join(f'!a.contains({v!r})' for v in _PER_PROCESS_VARIABLES)})",
+            message=_PER_PROCESS_MESSAGE,
+            check=lambda s: (
+                s.resolved_processes_per_node == 1
+                or not any(
+                    v in a
+                    for a in [*(s.command or ()), *(s.args or ())]
+                    for v in _PER_PROCESS_VARIABLES
+                )
+            ),
+            field_path=".command",
+        ),
         *world_size_rules(),
+        *(_template_scheduler_agrees(role) for role in ("master", "worker")),
         *(
             Rule(
                 cel=f"oldSelf.suspend || (has(self.{field}) == has(oldSelf.{field}) && "
@@ -641,7 +760,8 @@ class Condition(StatusModel):
     """A Kubernetes-style condition (metav1.Condition)."""
 
     type: Annotated[str, StringConstraints(max_length=316)] = Field(
-        description="Condition type: Created, Running, Restarting, Suspended, Succeeded, Failed."
+        description="Condition type: Created, Running, Restarting, Suspended, Succeeded, Failed; "
+        "with Kueue also QuotaReserved, Admitted (mirrored from the Workload) and Evicted."
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: Annotated[str, StringConstraints(max_length=1024)] | None = Field(
@@ -707,7 +827,7 @@ class TrainingJobStatus(StatusModel):
     )
     conditions: list[Condition] | None = Field(
         None,
-        max_length=16,
+        max_length=32,
         description="Latest observations, one per type.",
         json_schema_extra={
             "x-kubernetes-list-type": "map",
@@ -719,7 +839,25 @@ class TrainingJobStatus(StatusModel):
         None, description="Ready pods / pods in the gang, e.g. 3/4 (one pod per node)."
     )
     restart_count: int = Field(0, ge=0, description="Gang restarts so far.")
-    start_time: datetime | None = Field(None, description="When the job first ran.")
+    disruptions: int = Field(
+        0,
+        ge=0,
+        description="Times something other than the program stopped the gang (preemption, "
+        "eviction, a lost node, a deleted pod, a Kueue eviction); never counted toward "
+        "backoffLimit. A disruption that restarts the gang also advances restartCount; a "
+        "Kueue eviction does not (the job waits to be admitted again).",
+    )
+    counted_restarts: int | None = Field(
+        None,
+        ge=0,
+        description="Restarts counted toward runPolicy.backoffLimit: the program's own "
+        "failures (restartCount less the disruptions that restarted the gang).",
+    )
+    start_time: datetime | None = Field(
+        None,
+        description="When the job was last allowed to run: its first unsuspended pass, "
+        "reset at each resume; activeDeadlineSeconds counts from it.",
+    )
     completion_time: datetime | None = Field(None, description="When the job succeeded or failed.")
     last_checkpoint: CheckpointStatus | None = Field(
         None, description="The newest complete checkpoint."

@@ -20,7 +20,7 @@ def contract_env(
         job_name=job,
         namespace=namespace,
         master_addr=names.master_address(job, namespace),
-        master_port=contract.DEFAULT_MASTER_PORT,
+        master_port=contract.rendezvous_port(restart),
         nnodes=spec.nodes,
         node_rank=node_rank,
         nproc_per_node=spec.resolved_processes_per_node,
@@ -30,6 +30,21 @@ def contract_env(
     ).to_env()
 
 
+# NCCL's interface syntax: a leading ^ excludes, a leading = matches exactly.
+_NCCL_INTERFACE_PREFIXES = ("^", "=")
+
+
+def gloo_interfaces(socket_interface: str) -> str | None:
+    """GLOO_SOCKET_IFNAME for ``socket_interface``, or None when it must stay unset.
+
+    gloo reads only a comma-separated list of exact interface names: NCCL's
+    ``^lo,docker`` or ``=ib0`` would make every rank fail to find the device at
+    init_process_group, so those forms leave gloo to pick its own interface."""
+    if socket_interface.startswith(_NCCL_INTERFACE_PREFIXES):
+        return None
+    return socket_interface
+
+
 def network_env(network: NetworkSpec) -> dict[str, str]:
     """NCCL (and gloo) variables; the user's ncclEnv comes last (the CRD forbids overlaps)."""
     env: dict[str, str] = {}
@@ -37,11 +52,16 @@ def network_env(network: NetworkSpec) -> dict[str, str]:
         env["NCCL_IB_DISABLE"] = "1"
     elif network.transport in ("infiniband", "roce"):
         env["NCCL_IB_DISABLE"] = "0"
+        # Fail at start when IB is unusable instead of silently running over sockets.
+        env["NCCL_NET"] = "IB"
     if network.socket_interface:
         env["NCCL_SOCKET_IFNAME"] = network.socket_interface
-        env["GLOO_SOCKET_IFNAME"] = network.socket_interface
+        gloo = gloo_interfaces(network.socket_interface)
+        if gloo is not None:
+            env["GLOO_SOCKET_IFNAME"] = gloo
     if network.ib_hcas:
-        env["NCCL_IB_HCA"] = ",".join(network.ib_hcas)
+        exact = "=" if network.ib_hca_match == "Exact" else ""
+        env["NCCL_IB_HCA"] = exact + ",".join(network.ib_hcas)
     if network.gid_index is not None:
         env["NCCL_IB_GID_INDEX"] = str(network.gid_index)
     if network.gpu_direct_rdma_level:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from torchfleet_operator.api.constants import KUEUE_QUEUE_LABEL, TRAINER_CONTAINER_NAME
+from torchfleet_operator.api.constants import TRAINER_CONTAINER_NAME
 from torchfleet_operator.api.v1alpha1 import PodTemplate, TrainingJobSpec
 from torchfleet_operator.build import env as pod_env
-from torchfleet_operator.build import labels, names, podgroup
+from torchfleet_operator.build import labels, names, podgroup, security
 from torchfleet_trainer import contract
 
 SHM_VOLUME = "dshm"
@@ -59,7 +59,13 @@ def container_resources(spec: TrainingJobSpec) -> dict[str, Any]:
 
 
 def _trainer_container(
-    job: str, namespace: str, spec: TrainingJobSpec, node_rank: int, restart: int, image: str
+    job: str,
+    namespace: str,
+    spec: TrainingJobSpec,
+    node_rank: int,
+    restart: int,
+    image: str,
+    template_image: str | None = None,
 ) -> dict[str, Any]:
     env = pod_env.pod_env(job, namespace, spec, node_rank, restart)
     container: dict[str, Any] = {
@@ -71,20 +77,23 @@ def _trainer_container(
             {"name": "metrics", "containerPort": contract.DEFAULT_METRICS_PORT, "protocol": "TCP"},
             {
                 "name": "rendezvous",
-                "containerPort": contract.DEFAULT_MASTER_PORT,
+                "containerPort": contract.rendezvous_port(restart),
                 "protocol": "TCP",
             },
         ],
         "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}],
+        # The log's tail becomes the termination message when the trainer fails
+        # without writing one: the job's condition then says why (a template wins).
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if spec.args:
         container["args"] = list(spec.args)
     resources = container_resources(spec)
     if resources:
         container["resources"] = resources
-    if spec.network.rdma_resources:
-        # Registering RDMA memory pins pages: needs IPC_LOCK, and only then.
-        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+    # runAsNonRoot only where the image's user is known: the operator's trainer image.
+    runs_default_image = spec.image is None and template_image is None
+    container["securityContext"] = security.trainer_security_context(spec, runs_default_image)
     if spec.checkpoint:
         container["volumeMounts"].append(
             {"name": CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.mount_path}
@@ -99,8 +108,23 @@ def _merge_env(base: list[dict[str, Any]], override: list[dict[str, Any]]) -> li
     return merged + [item for item in override if item["name"] in by_name]
 
 
+def _merge_by_key(ours: Any, theirs: Any) -> Any:
+    """Objects merge key by key (the template's value winning at each leaf);
+    anything else, lists included, is the template's: a template that sets only
+    resources.limits.memory keeps the GPU and RDMA limits, one that sets
+    securityContext.runAsUser keeps the capabilities RDMA needs."""
+    if isinstance(ours, dict) and isinstance(theirs, dict):
+        merged = dict(ours)
+        for key, value in theirs.items():
+            merged[key] = _merge_by_key(ours[key], value) if key in ours else value
+        return merged
+    return theirs
+
+
 def _merge_container(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
-    merged = {**ours, **{k: v for k, v in theirs.items() if k not in ("env", "volumeMounts")}}
+    merged = _merge_by_key(
+        ours, {k: v for k, v in theirs.items() if k not in ("env", "volumeMounts")}
+    )
     merged["env"] = _merge_env(ours.get("env", []), theirs.get("env") or [])
     mounts = {m["mountPath"]: m for m in ours.get("volumeMounts", [])}
     mounts.update({m["mountPath"]: m for m in theirs.get("volumeMounts") or []})
@@ -180,10 +204,12 @@ def build_pod(
     template_spec = copy.deepcopy(template.spec) if template and template.spec else {}
     template_meta = template.metadata if template else None
 
-    ours = _trainer_container(job, namespace, spec, node_rank, restart, default_image)
     containers = template_spec.pop("containers", None) or []
     theirs: dict[str, Any] = next(
         (c for c in containers if c.get("name") == TRAINER_CONTAINER_NAME), {}
+    )
+    ours = _trainer_container(
+        job, namespace, spec, node_rank, restart, default_image, theirs.get("image")
     )
     sidecars = [c for c in containers if c.get("name") != TRAINER_CONTAINER_NAME]
 
@@ -212,9 +238,10 @@ def build_pod(
     pod_spec["subdomain"] = names.service_name(job)
 
     group_labels, group_annotations = podgroup.pod_membership(job, spec)
+    # No kueue.x-k8s.io/queue-name on the pods: Kueue admits the job as one
+    # Workload (policy/admission.py); with Kueue's pod integration a labelled
+    # pod would be queued on its own, splitting the gang.
     pod_labels = dict(template_meta.labels or {}) if template_meta else {}
-    if spec.scheduling.queue_name:
-        pod_labels[KUEUE_QUEUE_LABEL] = spec.scheduling.queue_name
     pod_labels.update(group_labels)
     pod_labels.update(labels.pod_labels(job, role, node_rank, restart))
     annotations = dict(template_meta.annotations or {}) if template_meta else {}

@@ -1,16 +1,27 @@
 """Which failures restart the gang, which fail the job, and how long to wait.
 
 A pod taken away by the platform (evicted, preempted, its node lost, deleted
-under a running gang) is never the code's fault: always retryable. A pod that
-exited is classified by the job's runPolicy: explicit exit-code lists first,
-then restartPolicy (OnFailure: retry; Never: fail; ExitCode: 1-127 are the
-program's own errors and fail, 128+ are signals such as OOM kill and retry).
+under a running gang) is never the code's fault: always retryable, and a
+*disruption* that does not count toward backoffLimit (JobSet's
+RestartJobSetAndIgnoreMaxRestarts, the Job controller's podFailurePolicy
+Ignore for DisruptionTarget). A pod that never started (kubelet admission) is
+the node's fault: retryable, but counted, since it may recur for ever. A pod
+that exited is classified by the job's runPolicy: explicit exit-code lists
+first, then restartPolicy (OnFailure: retry; Never: fail; ExitCode: 1-127 are
+the program's own errors and fail, 128+ are signals such as OOM kill and retry).
+
+When several pods fail in one batch, the first to fail (by finishedAt) decides:
+an OOM-killed rank takes its peers down with exit 1, and those exits are
+consequences. finishedAt has one-second resolution, so within one second a
+retryable failure is taken as the cause; pods without a finishedAt (taken away,
+not exited) come after those that exited.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
+from datetime import datetime
 
 # Exit codes from 128 up mean "killed by signal (code - 128)": 137 = SIGKILL
 # (often the OOM killer), 143 = SIGTERM (preemption, drain).
@@ -26,6 +37,8 @@ class Failure:
     exit_code: int | None
     retryable: bool
     message: str
+    disruption: bool = False  # the platform took the pod: not counted toward backoffLimit
+    finished_at: datetime | None = None
 
     def describe(self) -> str:
         code = f" with exit code {self.exit_code}" if self.exit_code is not None else ""
@@ -49,6 +62,18 @@ def exit_is_retryable(
         # No exit code (e.g. the container never started): not the program's verdict.
         return exit_code is None or exit_code >= FIRST_SIGNAL_EXIT_CODE
     return True  # OnFailure
+
+
+def first_failure(failures: Collection[Failure]) -> Failure:
+    """The failure that caused the batch (see the module docstring)."""
+    return min(
+        failures,
+        key=lambda f: (
+            f.finished_at is None,
+            f.finished_at or datetime.max.replace(tzinfo=None),
+            not f.retryable,
+        ),
+    )
 
 
 def restart_backoff(restarts_so_far: int, base: float, cap: float) -> float:

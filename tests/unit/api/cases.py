@@ -66,7 +66,130 @@ def _case(id: str, field: str, *parts: Manifest, name: str = "tj-case", says: st
 TWO_GPUS = nested("resources.gpus", 2)
 CLAIM = {"claimTemplate": {"size": "10Gi"}}
 
+
+def trainer_container(**fields: Any) -> Manifest:
+    """A worker template whose trainer container has ``fields``."""
+    return nested("worker.template.spec.containers", [{"name": "trainer", **fields}])
+
+
+# A template using much of PodSpec: both the models and the API server accept it.
+RICH_POD_SPEC: Manifest = {
+    "nodeSelector": {"pool": "gpu"},
+    "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h100"]}]}
+                ]
+            }
+        }
+    },
+    "volumes": [
+        {"name": "data", "persistentVolumeClaim": {"claimName": "data"}},
+        {"name": "code", "configMap": {"name": "code", "defaultMode": 0o755}},
+        {
+            "name": "scratch",
+            "ephemeral": {
+                "volumeClaimTemplate": {
+                    "metadata": {"labels": {"a": "b"}},
+                    "spec": {
+                        "accessModes": ["ReadWriteOnce"],
+                        "resources": {"requests": {"storage": "1Ti"}},
+                    },
+                }
+            },
+        },
+    ],
+    "containers": [
+        {
+            "name": "trainer",
+            "resources": {"limits": {"memory": "100Gi", "cpu": 8, "example.com/fpga": 1}},
+            "env": [
+                {"name": "HF_HOME", "value": "/cache"},
+                {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            ],
+            "ports": [{"containerPort": 80}, {"containerPort": 80, "protocol": "UDP"}],
+            "readinessProbe": {"httpGet": {"port": "metrics", "path": "/metrics"}},
+            "securityContext": {"runAsUser": 1000, "capabilities": {"add": ["SYS_PTRACE"]}},
+        },
+        {"name": "log-shipper", "image": "fluent-bit:3", "env": [{"name": "LOG_RANK_X"}]},
+    ],
+    "initContainers": [{"name": "fetch", "image": "busybox", "command": ["true"]}],
+}
+
+TEMPLATE = "spec.worker.template.spec"
+TRAINER = f"{TEMPLATE}.containers[0]"
+
+# Pod templates: the API server's own PodSpec schema, and the pod contract's env names.
+TEMPLATE_CASES: tuple[Invalid, ...] = (
+    _case(
+        "template-cpu-not-quantity",
+        f"{TRAINER}.resources.limits.cpu",
+        trainer_container(resources={"limits": {"cpu": "lots"}}),
+    ),
+    _case("template-ports-string", f"{TRAINER}.ports", trainer_container(ports="many")),
+    _case(
+        "template-port-without-number",
+        f"{TRAINER}.ports[0].containerPort",
+        trainer_container(ports=[{"name": "http"}]),
+    ),
+    _case(
+        "template-container-without-name",
+        "spec.master.template.spec.containers[0].name",
+        nested("master.template.spec.containers", [{"image": "sidecar:1"}]),
+    ),
+    _case(
+        "template-unknown-field",
+        f"{TEMPLATE}.nodeSelectorr",
+        nested("worker.template.spec.nodeSelectorr", {"gpu": "h100"}),
+    ),
+    _case(
+        "template-tolerations-object",
+        f"{TEMPLATE}.tolerations",
+        nested("worker.template.spec.tolerations", {"key": "gpu"}),
+    ),
+    _case(
+        "template-duplicate-containers",
+        f"{TEMPLATE}.containers[1]",
+        nested("worker.template.spec.containers", [{"name": "log"}, {"name": "log"}]),
+    ),
+    _case(
+        # protocol defaults to TCP, so these are the same port.
+        "template-duplicate-port",
+        f"{TRAINER}.ports[1]",
+        trainer_container(ports=[{"containerPort": 80}, {"containerPort": 80, "protocol": "TCP"}]),
+    ),
+    _case(
+        "template-grace-period-string",
+        f"{TEMPLATE}.terminationGracePeriodSeconds",
+        nested("worker.template.spec.terminationGracePeriodSeconds", "30s"),
+    ),
+    *(
+        _case(
+            f"template-env-{name.lower().replace('_', '-')}",
+            f"{TRAINER}.env[0].name",
+            trainer_container(env=[{"name": name, "value": "1"}]),
+            says="pod contract",
+        )
+        for name in ("MASTER_ADDR", "RANK", "WORLD_SIZE", "PET_NNODES", "TORCHFLEET_JOB_NAME")
+    ),
+    _case(
+        "template-sidecar-env-reserved",
+        f"{TEMPLATE}.containers[1].env[1].name",
+        nested(
+            "worker.template.spec.containers",
+            [
+                {"name": "trainer"},
+                {"name": "log", "env": [{"name": "LOG", "value": "1"}, {"name": "NODE_RANK"}]},
+            ],
+        ),
+        says="pod contract",
+    ),
+)
+
 INVALID: tuple[Invalid, ...] = (
+    *TEMPLATE_CASES,
     _case("master-replicas-2", "spec.master.replicas", nested("master.replicas", 2)),
     _case("worker-replicas-negative", "spec.worker.replicas", nested("worker.replicas", -1)),
     _case("worker-replicas-too-many", "spec.worker.replicas", nested("worker.replicas", 5000)),
@@ -74,6 +197,19 @@ INVALID: tuple[Invalid, ...] = (
     _case("processes-zero", "spec.processesPerNode", {"processesPerNode": 0}),
     _case("processes-word", "spec.processesPerNode", {"processesPerNode": "eight"}),
     _case("processes-gpu-without-gpus", "spec.processesPerNode", {"processesPerNode": "gpu"}),
+    _case(
+        "rank-in-command-with-several-processes",
+        "spec.command",
+        {"processesPerNode": 4, "command": ["torchrun", "--node_rank=$(RANK)", "train.py"]},
+        says="$(NODE_RANK)",
+    ),
+    _case(
+        "world-size-in-args-with-gpu-processes",
+        "spec.command",
+        TWO_GPUS,
+        {"processesPerNode": "gpu", "command": ["torchrun"], "args": ["--nnodes=$(WORLD_SIZE)"]},
+        says="$(NNODES)",
+    ),
     _case("gpus-too-many", "spec.resources.gpus", nested("resources.gpus", 65)),
     _case("memory-not-quantity", "spec.resources.memory", nested("resources.memory", "lots")),
     _case("cpu-negative", "spec.resources.cpu", nested("resources.cpu", -1)),
@@ -107,6 +243,17 @@ INVALID: tuple[Invalid, ...] = (
         "tcp-with-hcas",
         "spec.network.ibHCAs",
         {"network": {"transport": "tcp", "ibHCAs": ["mlx5_0"]}},
+    ),
+    _case(
+        "nccl-env-overrides-transport",
+        "spec.network.ncclEnv",
+        {"network": {"transport": "infiniband", "ncclEnv": {"NCCL_NET": "Socket"}}},
+        says="NCCL_NET",
+    ),
+    _case(
+        "ib-hca-match-unknown",
+        "spec.network.ibHCAMatch",
+        nested("network.ibHCAMatch", "Regex"),
     ),
     _case("gid-index-range", "spec.network.gidIndex", nested("network.gidIndex", 300)),
     _case(
@@ -199,6 +346,25 @@ INVALID: tuple[Invalid, ...] = (
         "timeout-without-pod-group",
         "spec.scheduling.scheduleTimeoutSeconds",
         nested("scheduling.scheduleTimeoutSeconds", 60),
+    ),
+    _case(
+        "timeout-with-volcano",
+        "spec.scheduling.scheduleTimeoutSeconds",
+        nested("scheduling", {"podGroup": "Volcano", "scheduleTimeoutSeconds": 60}),
+    ),
+    _case(
+        "template-scheduler-contradicts-volcano",
+        "spec.worker.template.spec.schedulerName",
+        nested("scheduling.podGroup", "Volcano"),
+        nested("worker.template.spec.schedulerName", "default-scheduler"),
+        says="contradicts spec.scheduling",
+    ),
+    _case(
+        "template-scheduler-contradicts-scheduler-name",
+        "spec.master.template.spec.schedulerName",
+        nested("scheduling", {"podGroup": "Coscheduling", "schedulerName": "gang"}),
+        nested("master.template.spec.schedulerName", "default-scheduler"),
+        says="contradicts spec.scheduling",
     ),
     _case(
         "queue-name-space", "spec.scheduling.queueName", nested("scheduling.queueName", "team a")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from torchfleet_operator.api import crdgen, v1alpha1
+from torchfleet_operator.api import crdgen, podspec, v1alpha1
 from torchfleet_operator.api.base import ApiModel, Rule
 
 REPO = Path(__file__).resolve().parents[3]
@@ -68,7 +69,8 @@ def test_check_names_a_missing_file(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 def test_both_files_are_the_same_yaml() -> None:
-    first, second = (yaml.safe_load((REPO / path).read_text()) for path in crdgen.OUTPUTS)
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the CRD is ~470 KB of YAML
+    first, second = (yaml.load((REPO / path).read_text(), loader) for path in crdgen.OUTPUTS)
     assert first == second == _crd()
 
 
@@ -100,6 +102,11 @@ def test_schema_is_structural() -> None:
             assert "type" in node or open_object, path
 
 
+def _in_embedded_pod_spec(path: str) -> bool:
+    """Below a role template's spec: the API server's PodSpec, descriptions dropped."""
+    return any(path.startswith(f".spec.{role}.template.spec.") for role in ("master", "worker"))
+
+
 def test_every_field_is_described() -> None:
     undescribed = [
         path
@@ -107,9 +114,48 @@ def test_every_field_is_described() -> None:
         if path
         and not path.endswith(("[]", "{}"))
         and path != ".metadata"
+        and not _in_embedded_pod_spec(path)
         and not node.get("description")
     ]
     assert undescribed == []
+
+
+@pytest.mark.parametrize("role", ["master", "worker"])
+def test_templates_embed_the_api_servers_pod_spec(role: str) -> None:
+    pod_spec = _node(f"spec.{role}.template.spec")
+    assert podspec.kubernetes_version() in pod_spec["description"]
+    assert "required" not in pod_spec  # the operator adds the trainer container
+    containers = pod_spec["properties"]["containers"]
+    assert containers["x-kubernetes-list-type"] == "map"
+    container = containers["items"]["properties"]
+    cpu = container["resources"]["properties"]["limits"]["additionalProperties"]
+    assert cpu["x-kubernetes-int-or-string"] and cpu["pattern"] == podspec.SIGNED_QUANTITY_PATTERN
+    assert container["ports"]["items"]["properties"]["protocol"]["default"] == "TCP"
+    assert container["name"].get("default") is None  # required: never filled in
+    env_rules = container["env"]["items"]["x-kubernetes-validations"]
+    assert [rule["fieldPath"] for rule in env_rules] == [".name"]
+    claim_metadata = pod_spec["properties"]["volumes"]["items"]["properties"]["ephemeral"]
+    claim_metadata = claim_metadata["properties"]["volumeClaimTemplate"]["properties"]["metadata"]
+    assert claim_metadata == {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+
+
+def test_crd_stays_well_under_the_api_servers_size_limits() -> None:
+    """etcd takes 1.5 MiB per object; client-side `kubectl apply` copies the object
+    into a 256 KiB annotation. The CRD as the server stores it (compact JSON) fits both."""
+    size = len(json.dumps(_crd(), separators=(",", ":")))
+    assert size < 200_000, size
+
+
+def test_pod_schema_file_is_the_trimmed_source() -> None:
+    source = Path.home() / (
+        f"go/pkg/mod/k8s.io/kubernetes@{podspec.kubernetes_version()}"
+        "/api/openapi-spec/v3/api__v1_openapi.json"
+    )
+    if not source.exists():
+        pytest.skip(f"{source} is not in the Go module cache (make cluster-build fetches it)")
+    assert podspec.trimmed_text(source, podspec.kubernetes_version()) == (
+        podspec.SCHEMA_FILE.read_text()
+    ), "run `make pod-schema`"
 
 
 def test_every_rule_has_a_message_and_a_relative_field_path() -> None:
@@ -130,6 +176,12 @@ def test_lists_and_maps_are_bounded_for_cel_cost() -> None:
     for path, node in _walk(_node("spec")):
         if path.startswith(".trainer"):
             continue  # the trainer config has no lists or maps
+        if _in_embedded_pod_spec(f".spec{path}"):
+            # The API server's PodSpec, unbounded as upstream; its one rule (reserved
+            # env names) costs a constant per item: `in` a literal list, startsWith.
+            for rule in node.get("x-kubernetes-validations", []):
+                assert rule["rule"] == podspec._reserved_env_rule()["rule"], path
+            continue
         if node.get("type") == "array":
             assert "maxItems" in node, path
         if node.get("type") == "object" and "additionalProperties" in node:

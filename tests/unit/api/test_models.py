@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.unit.api.cases import INVALID, Invalid, job, nested
+from tests.unit.api.cases import INVALID, RICH_POD_SPEC, Invalid, job, nested
 from torchfleet_operator.api import (
     InvalidSpecError,
     TrainingJobSpec,
@@ -76,7 +76,7 @@ def test_defaults_are_applied() -> None:
         "resources": {"gpus": 0, "gpuResourceName": "nvidia.com/gpu"},
         "master": {"replicas": 1},
         "worker": {"replicas": 0},
-        "network": {"transport": "auto", "hostNetwork": False},
+        "network": {"transport": "auto", "ibHCAMatch": "Exact", "hostNetwork": False},
         "runPolicy": {
             "backoffLimit": 3,
             "restartPolicy": "OnFailure",
@@ -190,3 +190,32 @@ def test_api_imports_without_kopf_kubernetes_or_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_templates_take_the_whole_pod_spec() -> None:
+    """What the API server's PodSpec schema accepts, the models accept too."""
+    body = job(spec={"worker": {"template": {"spec": RICH_POD_SPEC}}})
+    template = parse_training_job(body).spec.worker.template
+    assert template is not None and template.spec == RICH_POD_SPEC
+
+
+# A template schedulerName that agrees with spec.scheduling, or one that
+# spec.scheduling leaves to the cluster, is accepted (the contradicting ones
+# are rows of the INVALID table).
+TEMPLATE_SCHEDULERS_ACCEPTED = [
+    ({"podGroup": "Volcano"}, "volcano"),
+    ({"podGroup": "Coscheduling", "schedulerName": "gang"}, "gang"),
+    ({"podGroup": "Coscheduling"}, "scheduler-plugins-scheduler"),
+    ({}, "my-scheduler"),
+]
+
+
+@pytest.mark.parametrize(("scheduling", "template_scheduler"), TEMPLATE_SCHEDULERS_ACCEPTED)
+def test_a_template_scheduler_that_agrees_is_accepted(
+    scheduling: dict[str, str], template_scheduler: str
+) -> None:
+    spec = {
+        "scheduling": scheduling,
+        "worker": {"replicas": 1, "template": {"spec": {"schedulerName": template_scheduler}}},
+    }
+    parse_training_job(job("tj-ok", spec))

@@ -17,8 +17,8 @@ def _grants(*groups: str, resources: tuple[str, ...], verbs: str) -> set[Grant]:
 
 
 # Exactly the calls the operator makes (handlers.py, kube.py): kopf lists and
-# watches jobs and children into its indexes; the operator creates the gang,
-# its Service, PVC and PodGroup, deletes pods (gang restarts) and jobs (TTL),
+# watches jobs and children (PodGroups too) into its indexes; the operator
+# creates the gang, its Service, PVC and PodGroup, deletes pods (gang restarts) and jobs (TTL),
 # merge-patches status, posts core Events, and owns children with
 # blockOwnerDeletion (which needs finalizers update).
 NAMESPACED_GRANTS = (
@@ -28,15 +28,22 @@ NAMESPACED_GRANTS = (
     | _grants("", resources=("pods",), verbs="list watch create delete")
     | _grants("", resources=("services", "persistentvolumeclaims"), verbs="list watch create")
     | _grants("", resources=("events",), verbs="create")
+    # Kueue: a queued job's Workload (created, watched, status applied).
+    | _grants("kueue.x-k8s.io", resources=("workloads",), verbs="list watch create")
+    | _grants("kueue.x-k8s.io", resources=("workloads/status",), verbs="patch")
 )
 PODGROUP_GRANTS = {
-    group: _grants(group, resources=("podgroups",), verbs="create")
+    group: _grants(group, resources=("podgroups",), verbs="list watch create")
     for group in ("scheduling.x-k8s.io", "scheduling.volcano.sh")
 }
 # Cluster-scoped, in both modes: the operator watches nodes (a NotReady node
 # loses its pods) and kopf watches CRDs (TrainingJob's coming and going).
-CLUSTER_GRANTS = _grants("", resources=("nodes",), verbs="list watch") | _grants(
-    "apiextensions.k8s.io", resources=("customresourcedefinitions",), verbs="list watch"
+CLUSTER_GRANTS = (
+    _grants("", resources=("nodes",), verbs="list watch")
+    | _grants("apiextensions.k8s.io", resources=("customresourcedefinitions",), verbs="list watch")
+    # Kueue: admitted flavors' placement, and the priority a Workload carries.
+    | _grants("kueue.x-k8s.io", resources=("resourceflavors",), verbs="list watch")
+    | _grants("scheduling.k8s.io", resources=("priorityclasses",), verbs="list watch")
 )
 # Namespaced mode only: kopf resolves its --namespace list by watching them.
 NAMESPACE_GRANTS = _grants("", resources=("namespaces",), verbs="list watch")

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from torchfleet_operator.api.v1alpha1 import TrainingJob
-from torchfleet_operator.build import podgroup, service
+from torchfleet_operator.build import podgroup, security, service
 from torchfleet_operator.build.pods import build_pod
 from torchfleet_trainer.contract import PodContract
 
@@ -97,7 +97,7 @@ def test_nccl_env_resources_and_ipc_lock_follow_the_network_spec():
     pod = render(RDMA_SPEC, rank=1)
     container = pod["spec"]["containers"][0]
     env = env_of(pod)
-    assert env["NCCL_IB_HCA"] == "mlx5_0:1,mlx5_1:1"
+    assert env["NCCL_IB_HCA"] == "=mlx5_0:1,mlx5_1:1"
     assert env["NCCL_IB_GID_INDEX"] == "3" and env["NCCL_NET_GDR_LEVEL"] == "PXB"
     assert env["NCCL_SOCKET_IFNAME"] == "eth0" and env["NCCL_IB_DISABLE"] == "0"
     assert env["NCCL_DEBUG"] == "INFO"  # the template's own value wins over ncclEnv
@@ -107,10 +107,138 @@ def test_nccl_env_resources_and_ipc_lock_follow_the_network_spec():
         "cpu": "64",
         "memory": "512Gi",
     }
-    assert container["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
     tcp = render({"network": {"transport": "tcp"}}, rank=0)
     assert env_of(tcp)["NCCL_IB_DISABLE"] == "1"
-    assert "securityContext" not in tcp["spec"]["containers"][0]
+    assert "add" not in tcp["spec"]["containers"][0]["securityContext"]["capabilities"]
+
+
+RESTRICTED_CONTAINER = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        # The operator's trainer image runs as uid 1000: the pod is restricted as it is.
+        ({}, RESTRICTED_CONTAINER | {"runAsNonRoot": True}),
+        ({"network": {"transport": "tcp"}}, RESTRICTED_CONTAINER | {"runAsNonRoot": True}),
+        # An image of the user's own: only its author knows its user.
+        ({"image": "pytorch/pytorch:2"}, RESTRICTED_CONTAINER),
+        (
+            {
+                "worker": {
+                    "replicas": 1,
+                    "template": {"spec": {"containers": [{"name": "trainer", "image": "x:1"}]}},
+                }
+            },
+            RESTRICTED_CONTAINER,
+        ),
+        # RDMA: restricted plus exactly IPC_LOCK.
+        (
+            {"network": {"transport": "roce", "rdmaResources": {"rdma/roce": 1}}},
+            RESTRICTED_CONTAINER
+            | {"runAsNonRoot": True, "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]}},
+        ),
+    ],
+    ids=["auto", "tcp", "own-image", "template-image", "rdma"],
+)
+def test_trainer_container_asks_for_no_more_than_the_job_needs(spec, expected):
+    pod = render({"worker": {"replicas": 1}} | spec, rank=1)
+    assert pod["spec"]["containers"][0]["securityContext"] == expected
+
+
+def test_template_resources_merge_per_key():
+    template = {
+        "spec": {"containers": [{"name": "trainer", "resources": {"limits": {"memory": "100Gi"}}}]}
+    }
+    pod = render(
+        {
+            "resources": {"gpus": 8, "memory": "64Gi"},
+            "network": {"transport": "infiniband", "rdmaResources": {"rdma/ib": 4}},
+            "worker": {"replicas": 1, "template": template},
+        },
+        rank=1,
+    )
+    resources = pod["spec"]["containers"][0]["resources"]
+    assert resources["limits"] == {"nvidia.com/gpu": "8", "rdma/ib": "4", "memory": "100Gi"}
+    assert (
+        resources["requests"]["nvidia.com/gpu"] == "8" and resources["requests"]["rdma/ib"] == "4"
+    )
+
+
+@pytest.mark.parametrize(
+    ("template_security", "expected_capabilities", "expected_extra"),
+    [
+        # Saying nothing about capabilities keeps what RDMA needs.
+        (
+            {"runAsUser": 0, "runAsNonRoot": False},
+            {"drop": ["ALL"], "add": ["IPC_LOCK"]},
+            {"runAsUser": 0, "runAsNonRoot": False},
+        ),
+        # Saying otherwise wins, key by key (a list is the template's as written).
+        (
+            {"capabilities": {"add": ["IPC_LOCK", "SYS_PTRACE"]}},
+            {"drop": ["ALL"], "add": ["IPC_LOCK", "SYS_PTRACE"]},
+            {},
+        ),
+        ({"capabilities": {"drop": []}}, {"drop": [], "add": ["IPC_LOCK"]}, {}),
+    ],
+)
+def test_template_security_context_keeps_what_rdma_needs_unless_it_says_otherwise(
+    template_security, expected_capabilities, expected_extra
+):
+    template = {"spec": {"containers": [{"name": "trainer", "securityContext": template_security}]}}
+    pod = render(
+        {
+            "network": {"transport": "infiniband", "rdmaResources": {"rdma/ib": 1}},
+            "worker": {"replicas": 1, "template": template},
+        },
+        rank=1,
+    )
+    context = pod["spec"]["containers"][0]["securityContext"]
+    assert context["capabilities"] == expected_capabilities
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+    for key, value in expected_extra.items():
+        assert context[key] == value
+
+
+@pytest.mark.parametrize(
+    ("socket_interface", "gloo"),
+    [
+        ("eth0", "eth0"),
+        ("eth0,eth1", "eth0,eth1"),
+        ("^lo,docker", None),  # NCCL's exclusion: gloo would look for a device named "^lo"
+        ("=ib0", None),  # NCCL's exact match
+    ],
+)
+def test_gloo_gets_only_a_plain_list_of_interface_names(socket_interface, gloo):
+    env = env_of(render({"network": {"socketInterface": socket_interface}}, rank=1))
+    assert env["NCCL_SOCKET_IFNAME"] == socket_interface
+    assert env.get("GLOO_SOCKET_IFNAME") == gloo
+
+
+@pytest.mark.parametrize(
+    ("transport", "nccl_net"), [("auto", None), ("tcp", None), ("infiniband", "IB"), ("roce", "IB")]
+)
+def test_rdma_transports_make_nccl_fail_fast_instead_of_using_sockets(transport, nccl_net):
+    env = env_of(render({"network": {"transport": transport}}, rank=0))
+    assert env.get("NCCL_NET") == nccl_net
+
+
+@pytest.mark.parametrize(
+    ("match", "expected"),
+    [(None, "=mlx5_1,mlx5_2:1"), ("Exact", "=mlx5_1,mlx5_2:1"), ("Prefix", "mlx5_1,mlx5_2:1")],
+)
+def test_ib_hcas_match_exactly_unless_asked_for_prefixes(match, expected):
+    network = {"transport": "infiniband", "ibHCAs": ["mlx5_1", "mlx5_2:1"]}
+    if match:
+        network["ibHCAMatch"] = match
+    assert env_of(render({"network": network}, rank=0))["NCCL_IB_HCA"] == expected
 
 
 @pytest.mark.parametrize(
@@ -139,7 +267,8 @@ def test_shm_checkpoint_volume_and_identity_fields():
     assert (pod["spec"]["hostname"], pod["spec"]["subdomain"]) == ("llm-worker-2", "llm")
     assert pod["spec"]["schedulerName"] == "volcano"
     assert pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == "llm"
-    assert pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "research"
+    # Kueue admits the job as one Workload: its pods carry no queue of their own.
+    assert "kueue.x-k8s.io/queue-name" not in pod["metadata"]["labels"]
     assert [c["name"] for c in pod["spec"]["containers"]] == ["trainer", "log-shipper"]
 
 
@@ -241,3 +370,104 @@ def test_topology_packs_the_gang_and_keeps_the_templates_affinity(mode, field):
         "labelSelector": {"matchLabels": {"torchfleet.dev/job-name": "llm"}},
         "topologyKey": "topology.kubernetes.io/zone",
     }
+
+
+# The API server's words for a Pod Security refusal (pod-security-admission's format).
+BASELINE_REFUSAL = (
+    'pods "llm-worker-0" is forbidden: violates PodSecurity "baseline:latest": non-default '
+    'capabilities (container "trainer" must not include "IPC_LOCK" in '
+    "securityContext.capabilities.add)"
+)
+
+
+def test_a_pod_security_refusal_names_the_level_and_keeps_the_servers_words():
+    text = security.describe_refusal(BASELINE_REFUSAL)
+    assert text is not None and "level 'baseline'" in text and BASELINE_REFUSAL in text
+    assert security.describe_refusal('pods "x" is forbidden: exceeded quota: gpus') is None
+
+
+def test_pod_group_asks_for_the_gangs_summed_requests():
+    spec = {
+        "resources": {"gpus": 8, "cpu": "7500m", "memory": "512Gi"},
+        "network": {"transport": "infiniband", "rdmaResources": {"rdma/ib": 8}},
+        "scheduling": {"podGroup": "Volcano", "queueName": "research"},
+        "master": {
+            "template": {
+                "spec": {
+                    "containers": [
+                        {"name": "logs", "resources": {"requests": {"cpu": "500m"}}},
+                    ]
+                }
+            }
+        },
+        "worker": {
+            "replicas": 2,
+            "template": {
+                "spec": {
+                    # The template's own trainer resources win, as on the pod.
+                    "containers": [
+                        {
+                            "name": "trainer",
+                            "resources": {"limits": {"nvidia.com/gpu": 4, "memory": "256Gi"}},
+                        }
+                    ],
+                    "initContainers": [{"name": "warm", "resources": {"requests": {"cpu": 2}}}],
+                }
+            },
+        },
+    }
+    parsed = TrainingJob.model_validate(job(**spec))
+    group = podgroup.pod_group("llm", "team", "uid-1", parsed.spec)
+    assert group is not None
+    assert group["spec"]["minResources"] == {
+        "cpu": "12",  # master 7.5 + 0.5 sidecar; each worker max(0, init 2)
+        "memory": str(512 * 2**30 + 2 * 256 * 2**30),
+        "nvidia.com/gpu": "16",
+        "rdma/ib": "8",  # the workers' template replaces the trainer's limits
+    }
+    assert group["spec"]["minMember"] == 3 and group["spec"]["queue"] == "research"
+    # The same sums as the pods the scheduler will see.
+    pods = [build_pod("llm", "team", "uid-1", parsed.spec, r, 0, "img") for r in range(3)]
+    gpus = sum(
+        int(c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0))
+        for p in pods
+        for c in p["spec"]["containers"]
+    )
+    assert gpus == 16
+
+
+@pytest.mark.parametrize(("given", "expected"), [(None, 300), (45, 45)])
+def test_coscheduling_group_has_a_schedule_timeout(given, expected):
+    scheduling = {"podGroup": "Coscheduling", "scheduleTimeoutSeconds": given}
+    parsed = TrainingJob.model_validate(
+        job(scheduling={k: v for k, v in scheduling.items() if v is not None})
+    )
+    group = podgroup.pod_group("llm", "team", "uid-1", parsed.spec)
+    assert group is not None and group["spec"]["scheduleTimeoutSeconds"] == expected
+
+
+def test_a_cpu_only_gang_asks_for_no_resources_it_does_not_name():
+    parsed = TrainingJob.model_validate(job(workers=1, scheduling={"podGroup": "Volcano"}))
+    group = podgroup.pod_group("llm", "team", "uid-1", parsed.spec)
+    assert group is not None and "minResources" not in group["spec"]
+
+
+@pytest.mark.parametrize(
+    ("quantity", "value"),
+    [("8", 8), ("7500m", 7.5), ("64Gi", 64 * 2**30), ("1e3", 1000), ("1.5k", 1500), (2, 2)],
+)
+def test_quantities_are_read_exactly(quantity, value):
+    assert podgroup.parse_quantity(quantity) == value
+
+
+@pytest.mark.parametrize(
+    ("kind", "scheduler"),
+    [("Volcano", "volcano"), ("Coscheduling", None)],
+)
+def test_gang_pods_name_their_scheduler_and_group(kind, scheduler):
+    pod = render({"scheduling": {"podGroup": kind}}, rank=0)
+    assert pod["spec"].get("schedulerName") == scheduler
+    if kind == "Volcano":
+        assert pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == "llm"
+    else:
+        assert pod["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == "llm"

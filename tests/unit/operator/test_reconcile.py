@@ -158,8 +158,8 @@ def test_backoff_limit_exhausted_fails_with_the_pod_and_exit_code():
     assert failed_condition["reason"] == "BackoffLimitExceeded"
     assert "llm-worker-0" in failed_condition["message"]
     assert "137" in failed_condition["message"]
-    # cleanPodPolicy Running (default): the still-running pods go, the failed one stays.
-    assert deleted_names(p) == ["llm-master-0", "llm-worker-1"]
+    # A failed job must not hold GPUs: every pod goes, whatever cleanPodPolicy says.
+    assert deleted_names(p) == ["llm-master-0", "llm-worker-0", "llm-worker-1"]
 
 
 @pytest.mark.parametrize(
