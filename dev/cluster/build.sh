@@ -14,6 +14,10 @@ tools=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok h
 
 complete() { for t in "${tools[@]}"; do [ -x "$bin/$t" ] || return 1; done; }
 if complete; then echo "$bin"; exit 0; fi
+# shellcheck source=../cache-lock.sh
+source "$here/../cache-lock.sh"
+lock_cache "$cache"
+if complete; then echo "$bin"; exit 0; fi  # built while we waited
 
 mkdir -p "$bin"
 log() { echo "[cluster-build] $*" >&2; }

@@ -20,6 +20,14 @@ if [ -x "$binary" ]; then
     exit 0
 fi
 
+# shellcheck source=../cache-lock.sh
+source "$here/../cache-lock.sh"
+lock_cache "$cache"
+if [ -x "$binary" ]; then  # built while we waited
+    echo "$binary"
+    exit 0
+fi
+
 go_bin="$(command -v go || echo /usr/local/go/bin/go)"
 if [ ! -x "$go_bin" ]; then
     echo "build.sh: Go is needed to build Prometheus (see dev/cluster/build.sh for the toolchain)" >&2

@@ -25,6 +25,10 @@ key=$( { cat "$here/versions.env" "$here/build.sh" "$here/gomod/go.mod" "$here/g
 cache=${TORCHFLEET_CACHE:-$HOME/.cache/torchfleet}/kueue-$KUEUE_VERSION-$key
 complete() { [ -x "$cache/bin/kueue" ] && [ -s "$cache/webhooks.yaml" ] && [ -d "$cache/crds" ]; }
 if complete; then echo "$cache"; exit 0; fi
+# shellcheck source=../../cache-lock.sh
+source "$here/../../cache-lock.sh"
+lock_cache "$cache"
+if complete; then echo "$cache"; exit 0; fi  # built while we waited
 
 log() { echo "[kueue-build] $*" >&2; }
 mkdir -p "$cache/bin" "$cache/crds"

@@ -16,6 +16,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
 source "$here/versions.env"
 log() { echo "[schedulers-build] $*" >&2; }
+# shellcheck source=../../cache-lock.sh
+source "$here/../../cache-lock.sh"
 
 build_one() {
   local name=$1 module version ldflags
@@ -45,6 +47,8 @@ build_one() {
   for target in "${targets[@]}"; do
     binary=${target%%=*}
     [ -x "$dir/$binary" ] && continue
+    [ "${locked:-}" = "$dir" ] || { lock_cache "$dir"; locked=$dir; }
+    [ -x "$dir/$binary" ] && continue  # built while we waited
     log "building $binary $version (cold: minutes on 2 cores)"
     (cd "$here/$name" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$dir/$binary.tmp" "${target#*=}")
     mv "$dir/$binary.tmp" "$dir/$binary"
