@@ -54,8 +54,10 @@ CONDITION_CHILDREN = "ChildrenRejected"  # the apiserver refused a child; messag
 CONDITION_SPEC_NOT_UNDERSTOOD = "SpecNotUnderstood"
 # False while a pod of the gang is unscheduled: the scheduler's reason and message.
 CONDITION_SCHEDULED = "Scheduled"
+# The apiserver found a pod invalid (400/422): creating it again fails the same way.
+REASON_POD_INVALID = "PodInvalid"
 # Failed reasons that delete every pod whatever cleanPodPolicy says.
-HOLDS_NOTHING = ("DeadlineExceeded", "BackoffLimitExceeded")
+HOLDS_NOTHING = ("DeadlineExceeded", "BackoffLimitExceeded", c.REASON_INVALID_SPEC)
 
 
 @dataclass(frozen=True)
@@ -394,6 +396,21 @@ def _invalid(step: _Pass, problem: str) -> Plan:
     return step.finalize()
 
 
+def _pod_refused_as_invalid(step: _Pass) -> str | None:
+    """The apiserver's words when the last pass's pods were refused as invalid.
+
+    Permanent, unlike quota or Pod Security (403): the same template fails the
+    same way however often it is retried. Only for the generation it was
+    refused for: a template fixed since gets its own try.
+    """
+    found = cond.find(step.status.get("conditions"), CONDITION_CHILDREN) or {}
+    if found.get("status") != "True" or found.get("reason") != REASON_POD_INVALID:
+        return None
+    if step.old_status.get("observedGeneration") != step.generation:
+        return None
+    return f"the API server refused the pod template: {found.get('message')}"
+
+
 def _finished(step: _Pass, spec: TrainingJobSpec) -> Plan:
     """Succeeded or Failed: clean the pods, then the TTL."""
     _kueue_finished(step, spec)
@@ -459,6 +476,11 @@ def _active(
         )
         return _finished(step, spec)
     step.plan.wake_in(left)
+
+    refused = _pod_refused_as_invalid(step)
+    if refused is not None:
+        step.finish(c.PHASE_FAILED, c.REASON_INVALID_SPEC, refused)
+        return _finished(step, spec)
 
     if success.succeeded(spec.run_policy.success_policy, gang, spec.nodes):
         step.finish(c.PHASE_SUCCEEDED, "Succeeded", _success_message(spec))
@@ -888,9 +910,13 @@ def with_rejections(
             status.get("conditions"), CONDITION_CHILDREN, "Accepted", stamp
         )
         return status
+    # An invalid pod first: it decides the job's fate (see _pod_refused_as_invalid).
+    rejected = sorted(rejected, key=lambda r: not (r[0] == "Pod" and r[2] in (400, 422)))
     kind, name, code, message = rejected[0]
     reason = "CreateRejected"
-    if kind == "PodGroup" and code == 404:
+    if kind == "Pod" and code in (400, 422):
+        reason = REASON_POD_INVALID
+    elif kind == "PodGroup" and code == 404:
         reason = "PodGroupCRDMissing"
         message = (
             f"the PodGroup CRD for spec.scheduling.podGroup is not installed in this "

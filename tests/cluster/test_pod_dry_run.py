@@ -1,6 +1,7 @@
 """What the CRD's PodSpec schema cannot check, the API server's validation of the
 pods does: the operator dry-runs a new gang's first pod of each role server-side,
-so an invalid template creates no pod at all, not a master without workers."""
+so an invalid template creates no pod at all, not a master without workers, and
+the job fails (InvalidSpec) in the API server's words instead of retrying."""
 
 from __future__ import annotations
 
@@ -22,22 +23,26 @@ MOUNTS_A_MISSING_VOLUME = {
 }
 
 
-def test_an_invalid_worker_template_creates_no_pod_and_says_why(
+def test_an_invalid_worker_template_creates_no_pod_and_fails_the_job_saying_why(
     shared_operator, job_driver, namespace
 ):
     body = spec(workers=2)
     body["worker"]["template"] = MOUNTS_A_MISSING_VOLUME
     job_driver.create(namespace, "bad-mount", body)
 
-    def refusal() -> dict | None:
-        conditions = job_driver.status(namespace, "bad-mount").get("conditions", [])
-        return next((c for c in conditions if '"nope"' in (c.get("message") or "")), None)
+    def failed() -> dict | None:
+        status = job_driver.status(namespace, "bad-mount")
+        conditions = status.get("conditions", [])
+        found = next((c for c in conditions if c["type"] == "Failed"), None)
+        return found if status.get("phase") == "Failed" else None
 
-    condition = job_driver.wait_for("a condition naming the missing volume", refusal)
+    # Permanent (422): failed once, not retried for ever like a quota refusal.
+    condition = job_driver.wait_for("the job Failed as an invalid spec", failed)
+    assert condition["reason"] == "InvalidSpec", condition
     # The API server's own words about the pod it refused, naming the field.
-    assert condition["message"].startswith('Pod bad-mount-worker-0: Pod "bad-mount-worker-0"')
+    assert 'Pod bad-mount-worker-0: Pod "bad-mount-worker-0"' in condition["message"]
     assert re.search(r"volumeMounts\[\d+\]\.name", condition["message"]), condition
-    # The pass that wrote it created nothing: the master was valid, but not its gang.
+    # Nothing was created: the master was valid, but not its gang.
     assert job_driver.pods(namespace, "bad-mount") == []
 
 

@@ -101,6 +101,51 @@ def test_after_execute_adds_refusals_and_keeps_a_standing_one():
     assert find(accepted["conditions"], "ChildrenRejected")["status"] == "False"
 
 
+INVALID_POD = (
+    "Pod",
+    "llm-worker-0",
+    422,
+    'Pod "llm-worker-0" is invalid: spec.containers[0].volumeMounts[0].name: Not found: "nope"',
+)
+
+
+@pytest.mark.parametrize(
+    "refusal, spec_edited, fails",
+    [
+        pytest.param(INVALID_POD, False, True, id="422 invalid pod: permanent"),
+        pytest.param(("Pod", "llm-worker-0", 400, "bad request"), False, True, id="400 too"),
+        pytest.param(
+            ("Pod", "llm-worker-0", 403, "exceeded quota"), False, False, id="403 retried"
+        ),
+        pytest.param(("PodGroup", "llm", 422, "invalid"), False, False, id="not a pod"),
+        pytest.param(INVALID_POD, True, False, id="template edited since: tried again"),
+    ],
+)
+def test_a_pod_refused_as_invalid_fails_the_job_instead_of_retrying_for_ever(
+    refusal, spec_edited, fails
+):
+    decided = plan(job(), observed(), at(0), CONFIG, status={}).status
+    refused = after_execute(
+        decided, {}, [("Pod", "llm-master-0", 403, "quota"), refusal], False, at(0)
+    )
+    if fails:  # the permanent refusal is the one the condition names
+        assert find(refused["conditions"], "ChildrenRejected")["reason"] == "PodInvalid"
+    body = job()
+    if spec_edited:
+        body["metadata"]["generation"] = 2
+    pods = gang()[:1]  # a master created before the worker was refused
+    p = plan(body, observed(*pods), at(1), CONFIG, status=refused)
+    if not fails:
+        assert p.status.get("phase") != "Failed"
+        return
+    failed = find(p.status["conditions"], "Failed")
+    assert p.status["phase"] == "Failed" and failed["reason"] == "InvalidSpec"
+    assert failed["message"].startswith("the API server refused the pod template: Pod llm-worker-0")
+    assert refusal[3] in failed["message"] and p.create == []
+    assert deleted_names(p) == ["llm-master-0"]  # it holds nothing: the job cannot run
+    assert [(e.type, e.reason) for e in p.events] == [("Warning", "InvalidSpec")]
+
+
 # ---- 3. disruptions, first failure, never-started pods ------------------------------------
 
 
