@@ -182,10 +182,11 @@ class Controller:
         if body is None:
             return None
         uid = body["metadata"].get("uid", "")
-        # A job deleted and re-created under the same name: the old one's pods
-        # (still being garbage-collected) are not this job's.
+        # Pods are adopted by controller owner UID, never by label alone: an
+        # orphan of an earlier job of the same name (still being garbage-
+        # collected) or a pod made by hand with the job's labels is not its pod.
         pods: tuple[ObservedPod, ...] = tuple(
-            p for p in self.caches.pods.get(key) or () if p.owner_uid in (uid, None)
+            p for p in self.caches.pods.get(key) or () if p.owner_uid == uid
         )
         not_ready: dict[str, datetime | None] = {}
         for node_name in {p.node_name for p in pods if p.node_name}:

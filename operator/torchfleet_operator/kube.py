@@ -1,7 +1,8 @@
 """The Kubernetes client and the plan executor: the only module that writes.
 
 Rules the executor keeps so that reconciling twice changes nothing:
-* create: 409 AlreadyExists is success (children are deterministic by name);
+* create: 409 AlreadyExists is success (children are deterministic by name)
+  when the object is controlled by the same job, else a name conflict;
 * delete: 404 NotFound is success;
 * one status patch per pass, and only when the status changed;
 * every other API failure is counted and handed back, never raised, so the
@@ -84,6 +85,11 @@ def api_message(exc: ApiException) -> str:
     except (TypeError, ValueError):
         body = {}
     return str(body.get("message") or exc.reason or exc)
+
+
+def _controller_uid(manifest: dict[str, Any]) -> str | None:
+    refs = (manifest.get("metadata") or {}).get("ownerReferences") or ()
+    return next((r.get("uid") for r in refs if r.get("controller")), None)
 
 
 def collection_path(api_version: str, kind: str, namespace: str) -> str:
@@ -194,12 +200,43 @@ class Executor:
                 "POST", collection_path(manifest["apiVersion"], kind, namespace), manifest
             )
         except ApiException as exc:
-            if exc.status == 409:  # it exists: deterministic names make that success
-                return None
+            if exc.status == 409:  # it exists: deterministic names make that success,
+                return self._conflict(namespace, manifest)  # if it is this job's own
             return self._failure("create", kind, name, exc)
         if kind == "Pod":
             metrics.PODS_CREATED.inc()
         return None
+
+    def _conflict(self, namespace: str, manifest: dict[str, Any]) -> ApiFailure | None:
+        """None when the object that holds the name is controlled by the same owner
+        as ``manifest`` (this job): an earlier pass made it. Anything else is a
+        name conflict: someone else's Service or volume is never used as the job's.
+
+        Read with a list call (which the operator may already make), not a get.
+        """
+        kind, name = manifest["kind"], manifest["metadata"]["name"]
+        wanted = _controller_uid(manifest)
+        path = collection_path(manifest["apiVersion"], kind, namespace)
+        try:
+            found = self.raw.request("GET", path, query={"fieldSelector": f"metadata.name={name}"})
+        except ApiException as exc:
+            return self._failure("create", kind, name, exc)
+        items = (found or {}).get("items") or []
+        if not items:  # deleted meanwhile: the next pass creates it
+            return ApiFailure("create", kind, name, 409, f'{kind} "{name}" is being deleted')
+        owner = _controller_uid(items[0])
+        if owner == wanted:
+            return None
+        metrics.API_ERRORS.labels(verb="create", resource=kind, code="409").inc()
+        holder = f"controlled by uid {owner}" if owner else "not controlled by any object"
+        return ApiFailure(
+            "create",
+            kind,
+            name,
+            409,
+            f'{kind} "{name}" already exists and is not this TrainingJob\'s ({holder}); '
+            f"rename the job or delete that {kind}",
+        )
 
     def _dry_run_new_gang(self, namespace: str, pods: list[dict[str, Any]]) -> list[ApiFailure]:
         """A new gang (its master among the pods) is first dry-run server-side, one

@@ -56,6 +56,8 @@ CONDITION_SPEC_NOT_UNDERSTOOD = "SpecNotUnderstood"
 CONDITION_SCHEDULED = "Scheduled"
 # The apiserver found a pod invalid (400/422): creating it again fails the same way.
 REASON_POD_INVALID = "PodInvalid"
+# A child's name is held by an object this job does not control; it is not used.
+REASON_NAME_CONFLICT = "NameConflict"
 # Failed reasons that delete every pod whatever cleanPodPolicy says.
 HOLDS_NOTHING = ("DeadlineExceeded", "BackoffLimitExceeded", c.REASON_INVALID_SPEC)
 
@@ -916,6 +918,8 @@ def with_rejections(
     reason = "CreateRejected"
     if kind == "Pod" and code in (400, 422):
         reason = REASON_POD_INVALID
+    elif code == 409:  # the executor reports only another owner's object as 409
+        reason = REASON_NAME_CONFLICT
     elif kind == "PodGroup" and code == 404:
         reason = "PodGroupCRDMissing"
         message = (

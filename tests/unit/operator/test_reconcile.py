@@ -335,6 +335,10 @@ def test_rejections_become_a_condition_with_the_apiservers_message():
         {}, [("PodGroup", "llm", 404, "the server could not find the requested resource")], at(0)
     )
     assert find(missing_crd["conditions"], "ChildrenRejected")["reason"] == "PodGroupCRDMissing"
+    held_name = with_rejections(
+        {}, [("Service", "llm", 409, 'Service "llm" already exists and is not ...')], at(0)
+    )
+    assert find(held_name["conditions"], "ChildrenRejected")["reason"] == "NameConflict"
     cleared = with_rejections(status, [], at(1))
     assert find(cleared["conditions"], "ChildrenRejected")["status"] == "False"
 
