@@ -26,6 +26,7 @@ from torchfleet_operator.observed import Observed, ObservedNode, ObservedPod
 from torchfleet_operator.policy.admission import KueueView
 from torchfleet_operator.progress import ProgressPoller
 from torchfleet_operator.reconcile import Plan, after_execute, plan
+from torchfleet_operator.status.patch import with_removals
 from torchfleet_operator.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -273,7 +274,7 @@ class Controller:
         if decided.gang_restart:
             # The bump is recorded before the old gang is deleted (as JobSet
             # does): a crash in between must not lose the restart.
-            if not self._write_status(key, uid, decided.status, decided):
+            if not self._write_status(key, uid, current, decided.status, decided):
                 return self._api_backoff(key)
             current = decided.status
         result = self.executor.execute(namespace, body, decided)
@@ -297,7 +298,7 @@ class Controller:
             self._api_failures.pop(key, None)
         if result.job_deleted:
             return None
-        if status != current and not self._write_status(key, uid, status, decided):
+        if status != current and not self._write_status(key, uid, current, status, decided):
             delay = _sooner(delay, self._api_backoff(key))
         self.phases.set(key, status.get("phase") or "Pending")
         log.debug(
@@ -312,10 +313,18 @@ class Controller:
         )
         return _sooner(delay, self.config.resync_seconds or None)
 
-    def _write_status(self, key: JobKey, uid: str, status: dict[str, Any], decided: Plan) -> bool:
-        """Writes the status; counts the restart it records. False when refused."""
+    def _write_status(
+        self,
+        key: JobKey,
+        uid: str,
+        current: dict[str, Any],
+        status: dict[str, Any],
+        decided: Plan,
+    ) -> bool:
+        """Writes the status over ``current`` (keys it dropped are removed); counts
+        the restart it records. False when refused."""
         namespace, name = key
-        if self.executor.write_status(namespace, name, status) is not None:
+        if self.executor.write_status(namespace, name, with_removals(current, status)) is not None:
             return False
         previous = self._last_status.get(uid)
         self._last_status[uid] = status

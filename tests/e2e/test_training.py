@@ -218,6 +218,9 @@ def test_progress_and_checkpoint_in_status_and_printer_columns(shakespeare: Shak
     assert "lastCheckpoint" in status and "progress" in status, status
     assert status["progress"]["step"] == TOTAL_STEPS
     assert status["progress"]["totalSteps"] == TOTAL_STEPS
+    # Finished: no time left to show. The stored status lost the key the last
+    # pass dropped (the status write nulls it), not just the pass's copy.
+    assert status["progress"]["percent"] == 100 and "etaSeconds" not in status["progress"]
     midway = [p for p in shakespeare.progress_seen if 0 < p["step"] < TOTAL_STEPS]
     assert midway, "status.progress never showed a run in progress"
     assert all(p["loss"] > 0 and p["tokensPerSecond"] > 0 for p in midway)
