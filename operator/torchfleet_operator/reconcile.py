@@ -204,6 +204,13 @@ def plan(
     default_shm_size: str | None = None,
 ) -> Plan:
     """Decides one pass. ``status`` is the freshest known status (default: the body's)."""
+    # Pods this operator already deleted count as terminating, even before the
+    # watch says so: their names are not free yet, and they are not deleted twice.
+    pods = tuple(
+        dataclasses.replace(p, deleting=True) if p.uid in observed.expected_deleted else p
+        for p in observed.pods
+    )
+    observed = dataclasses.replace(observed, pods=pods)
     step = _Pass(
         body, status if status is not None else body.get("status") or {}, observed, now, config
     )
@@ -211,7 +218,10 @@ def plan(
         return Plan()  # the garbage collector takes the children with it
     job, problem = validation_problem(body)
     if job is None:
-        return _not_understood(step, body.get("spec") or {}, problem or "invalid spec")
+        raw_spec = body.get("spec")  # the API server's schema says an object; trust nothing
+        return _not_understood(
+            step, raw_spec if isinstance(raw_spec, dict) else {}, problem or "invalid spec"
+        )
     step.clear_condition(CONDITION_SPEC_NOT_UNDERSTOOD, "Understood")
     if step.status.get("phase") in FINISHED:
         return _finished(step, job.spec)
@@ -440,12 +450,7 @@ def _expire(step: _Pass, ttl_seconds: int | None) -> None:
 def _active(
     step: _Pass, spec: TrainingJobSpec, default_image: str, default_shm_size: str | None
 ) -> Plan:
-    # Pods this operator already deleted count as terminating, even before the
-    # watch says so: their names are not free yet.
-    pods = [
-        dataclasses.replace(p, deleting=True) if p.uid in step.observed.expected_deleted else p
-        for p in step.observed.pods
-    ]
+    pods = list(step.observed.pods)
     restart = max([int(step.status.get("restartCount") or 0), *(p.restart for p in pods)])
     step.status["restartCount"] = restart
     gang = [p for p in pods if p.restart == restart]
