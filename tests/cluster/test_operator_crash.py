@@ -6,6 +6,7 @@ starts its own processes and uses no module-wide operator.
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -41,18 +42,22 @@ def test_operator_killed_while_creating_64_workers_recovers_exactly(
     assert all(survivors[name] == uid for name, uid in before.items())
 
 
-def test_pod_the_apiserver_refuses_shows_its_message_and_backs_off(
-    operator_factory, job_driver, namespace
+def test_pods_the_apiserver_forbids_show_its_message_back_off_and_run_once_allowed(
+    operator_factory, job_driver, cluster, namespace
 ):
+    """A 403 (quota here, Pod Security alike) can pass later: retried with
+    back-off, never a hot loop, never a failed job. (A 400/422 cannot: the job
+    fails, test_pod_dry_run.py.)"""
     # An operator of its own, for this namespace only: its error count is this job's.
     operator = operator_factory(namespaces=[namespace])
-    bad = {
-        "spec": {
-            "nodeSelector": {"torchfleet.dev/fake-node": "true"},
-            "containers": [{"name": "trainer", "imagePullPolicy": "Sometimes"}],
-        }
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "no-pods"},
+        "spec": {"hard": {"pods": "0"}},
     }
-    job_driver.create(namespace, "llm", spec(workers=1, master={"template": bad}))
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(quota))
+    job_driver.create(namespace, "llm", spec(workers=1))
     rejected = job_driver.wait_for(
         "the ChildrenRejected condition",
         lambda: next(
@@ -64,23 +69,27 @@ def test_pod_the_apiserver_refuses_shows_its_message_and_backs_off(
             None,
         ),
     )
-    assert "imagePullPolicy" in rejected["message"]
-    assert "llm-master-0" in rejected["message"]
-    # The server-side dry-run of the new gang refused it: no worker without its master.
+    assert rejected["reason"] == "CreateRejected", rejected
+    assert "forbidden" in rejected["message"] and "llm-" in rejected["message"], rejected
     assert job_driver.live_pods(namespace, "llm") == []
-    errors = operator.metric("torchfleet_operator_api_errors_total", resource="Pod")
+    errors = operator.metric("torchfleet_operator_api_errors_total", resource="Pod", code="403")
     assert errors >= 1
-    # Back-off (0.5 s doubling in tests) despite the worker's and the job's own
-    # events: the next two retries take about a second or more, not a hot loop.
+    # Back-off (0.5 s doubling in tests) despite the job's own events: the
+    # next two retries (each refuses both pods) take a second or more, not a hot loop.
     started = time.monotonic()
     job_driver.wait_for(
         "two more refused retries",
         lambda: (
-            operator.metric("torchfleet_operator_api_errors_total", resource="Pod") >= errors + 2
+            operator.metric("torchfleet_operator_api_errors_total", resource="Pod", code="403")
+            >= errors + 4
         ),
         timeout=30,
     )
     assert time.monotonic() - started >= 0.8
+    assert job_driver.status(namespace, "llm").get("phase") != "Failed"
+    # Allowed again: the retries go on, and the gang runs.
+    cluster.kubectl("delete", "resourcequota", "no-pods", "-n", namespace)
+    job_driver.wait_running_pods(namespace, "llm", 2, timeout=60)
 
 
 def test_the_restart_bump_is_stored_before_the_old_gang_is_deleted(
