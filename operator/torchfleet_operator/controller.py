@@ -93,7 +93,7 @@ class Controller:
         self._api_failures: dict[JobKey, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.progress: ProgressPoller[JobKey] = ProgressPoller(
-            config.progress_interval_seconds, self._masters, self.enqueue
+            config.progress_interval_seconds, self._masters, self.enqueue, config.progress_port
         )
 
     # ---- triggers (called on the event loop) ----

@@ -14,8 +14,10 @@ import pytest
 from aiohttp import web
 from prometheus_client import REGISTRY
 
+from torchfleet_operator.config import OperatorConfig
 from torchfleet_operator.controller import supervise
 from torchfleet_operator.progress import ProgressPoller
+from torchfleet_trainer import contract
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MAX_BYTES = 64 << 10
@@ -173,3 +175,12 @@ def test_supervise_restarts_a_task_that_raises_and_counts_it():
     asyncio.run(asyncio.wait_for(scenario(), timeout=10))
     assert len(calls) == 3
     assert restarts() - before == 2
+
+
+def test_progress_port_defaults_to_the_contracts_and_must_be_a_port():
+    assert OperatorConfig.from_env({}).progress_port == contract.DEFAULT_METRICS_PORT
+    assert (
+        OperatorConfig.from_env({"TORCHFLEET_OPERATOR_PROGRESS_PORT": "9500"}).progress_port == 9500
+    )
+    with pytest.raises(ValueError, match="TORCHFLEET_OPERATOR_PROGRESS_PORT must be a TCP port"):
+        OperatorConfig.from_env({"TORCHFLEET_OPERATOR_PROGRESS_PORT": "70000"})
