@@ -22,9 +22,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from tests.fixtures.operator import fake_node, free_port
 from tests.fixtures.operator import kwok_job_spec as spec
+from torchfleet_operator.config import OperatorConfig
+from torchfleet_operator.controller import Controller
+from torchfleet_operator.kube import Executor
+from torchfleet_operator.reconcile import Plan
 from torchfleet_trainer import contract
 
 pytestmark = pytest.mark.cluster
@@ -40,6 +45,12 @@ HOSTILE_BODIES = {
     ).encode(),
 }
 SCRAPE_ERRORS = "torchfleet_operator_progress_scrape_errors_total"
+
+
+def _api_errors_422() -> float:
+    """Status patches refused 422, as counted by the operator code in this process."""
+    labels = {"verb": "patch", "resource": "TrainingJob/status", "code": "422"}
+    return REGISTRY.get_sample_value("torchfleet_operator_api_errors_total", labels) or 0.0
 
 
 class MetricsServer:
@@ -237,3 +248,34 @@ def test_hostile_metrics_lose_nothing_and_never_stop_the_poller(
     # Nothing had to be rescued: the poller task itself never died.
     assert operator.metric("torchfleet_operator_task_restarts_total", task="progress") == 0
     assert "Traceback" not in operator.logs(last=2000), operator.logs()
+
+
+def test_a_status_the_schema_refuses_is_written_again_without_its_progress(
+    cluster, operator_crd, job_driver, namespace
+):
+    """Should a figure out of the schema ever reach a status write (the clamp is
+    the first line), the real API server's 422 costs only the progress update."""
+    job = job_driver.create(namespace, "llm", spec(workers=0))
+    key, uid = (namespace, "llm"), job["metadata"]["uid"]
+    controller = Controller(OperatorConfig(), Executor(cluster.api_client(), 1), "image:1")
+    running = {"phase": "Running", "restartCount": 2, "progress": {"step": 3}}
+    finished = {
+        "phase": "Succeeded",
+        "restartCount": 2,
+        "completionTime": "2026-01-01T00:00:00Z",
+        "progress": {"step": -1},  # what the schema refuses
+    }
+    try:
+        assert controller._write_status(key, uid, {}, running, Plan())
+        refused_before = _api_errors_422()
+        assert controller._write_status(key, uid, running, finished, Plan())
+    finally:
+        controller.executor.close()
+    assert _api_errors_422() == refused_before + 1  # the API server did refuse the first try
+    stored = job_driver.status(namespace, "llm")
+    assert (stored["phase"], stored["restartCount"], stored["completionTime"]) == (
+        "Succeeded",
+        2,
+        "2026-01-01T00:00:00Z",
+    )
+    assert stored["progress"] == {"step": 3}  # the last good progress stays
