@@ -10,6 +10,8 @@ import dataclasses
 import os
 from collections.abc import Mapping
 
+from torchfleet_trainer import contract
+
 ENV_PREFIX = "TORCHFLEET_OPERATOR_"
 
 
@@ -33,6 +35,9 @@ class OperatorConfig:
     image_pull_bound_seconds: float = 300.0
     # How often the master's /metrics is read for status.progress; 0 disables.
     progress_interval_seconds: float = 15.0
+    # The port it is read on: the pod contract's metrics port, unless a
+    # job's own script serves /metrics elsewhere.
+    progress_port: int = contract.DEFAULT_METRICS_PORT
     # Pod events wake their job this long after the first one, so that a gang's
     # burst of events (created, scheduled, Running x 9) is one pass and one
     # status write, not nine (the Job controller's podUpdateBatchPeriod).
@@ -50,6 +55,10 @@ class OperatorConfig:
                 raise ValueError(f"{ENV_PREFIX}{field.name.upper()} must be >= 0, got {value}")
         if self.workers < 1 or self.api_concurrency < 1:
             raise ValueError(f"{ENV_PREFIX}WORKERS and {ENV_PREFIX}API_CONCURRENCY must be >= 1")
+        if not 1 <= self.progress_port <= 65535:
+            raise ValueError(
+                f"{ENV_PREFIX}PROGRESS_PORT must be a TCP port, got {self.progress_port}"
+            )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -27,6 +27,7 @@ from torchfleet_operator.policy.admission import KueueView
 from torchfleet_operator.progress import ProgressPoller
 from torchfleet_operator.reconcile import Plan, after_execute, plan
 from torchfleet_operator.status.patch import with_removals
+from torchfleet_operator.status.progress import without_scraped
 from torchfleet_operator.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ class Controller:
         self._api_failures: dict[JobKey, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.progress: ProgressPoller[JobKey] = ProgressPoller(
-            config.progress_interval_seconds, self._masters, self.enqueue
+            config.progress_interval_seconds, self._masters, self.enqueue, config.progress_port
         )
 
     # ---- triggers (called on the event loop) ----
@@ -119,7 +120,9 @@ class Controller:
         if self.config.resync_seconds > 0:
             self._tasks.append(asyncio.create_task(self._resync(), name="resync"))
         if self.config.progress_interval_seconds > 0:
-            self._tasks.append(asyncio.create_task(self.progress.run(), name="progress"))
+            self._tasks.append(
+                asyncio.create_task(supervise("progress", self.progress.run), name="progress")
+            )
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -322,10 +325,21 @@ class Controller:
         decided: Plan,
     ) -> bool:
         """Writes the status over ``current`` (keys it dropped are removed); counts
-        the restart it records. False when refused."""
+        the restart it records. False when refused.
+
+        A 422 may be a figure scraped from a pod: the write goes once more
+        without the scraped part (what is stored of it stays), so phase,
+        restartCount and completionTime still persist.
+        """
         namespace, name = key
-        if self.executor.write_status(namespace, name, with_removals(current, status)) is not None:
-            return False
+        patch = with_removals(current, status)
+        refused = self.executor.write_status(namespace, name, patch)
+        if refused is not None:
+            retry = without_scraped(patch, refused.code)
+            if retry is None or self.executor.write_status(namespace, name, retry) is not None:
+                return False
+            log.warning("%s/%s: status written without its progress (422)", namespace, name)
+            status = without_scraped(status, refused.code) or status
         previous = self._last_status.get(uid)
         self._last_status[uid] = status
         if decided.gang_restart and (previous or {}).get("restartCount") != status.get(
@@ -355,6 +369,29 @@ class Controller:
             self.config.apply_backoff_max_seconds,
             self.config.apply_backoff_seconds * 2 ** min(failures, 20),
         )
+
+
+async def supervise(
+    name: str,
+    run: Callable[[], Awaitable[None]],
+    backoff: float = 1.0,
+    max_backoff: float = 30.0,
+) -> None:
+    """Runs a background task for the operator's lifetime: if it raises (or returns),
+    it is logged, counted in torchfleet_operator_task_restarts_total and started
+    again after a growing back-off; the operator keeps running."""
+    failures = 0
+    while True:
+        started = time.monotonic()
+        try:
+            await run()
+            log.error("background task %s returned; restarting it", name)
+        except Exception:
+            log.exception("background task %s failed; restarting it", name)
+        metrics.TASK_RESTARTS.labels(task=name).inc()
+        # A task that ran well for a while before failing starts over at the short delay.
+        failures = 1 if time.monotonic() - started > max_backoff else failures + 1
+        await asyncio.sleep(min(max_backoff, backoff * 2 ** min(failures - 1, 16)))
 
 
 def _claim_key(body: dict[str, Any]) -> tuple[str, str]:

@@ -48,6 +48,17 @@ API_REQUESTS = Counter(
     ["verb"],
 )
 QUEUE_DEPTH = Gauge("torchfleet_operator_workqueue_depth", "Job keys waiting for a worker")
+PROGRESS_SCRAPE_ERRORS = Counter(
+    "torchfleet_operator_progress_scrape_errors_total",
+    "Scrapes of a master's /metrics that gave no progress: unreachable, http (non-2xx), "
+    "timeout, too_large, unparseable, or unexpected (a bug; logged)",
+    ["reason"],
+)
+TASK_RESTARTS = Counter(
+    "torchfleet_operator_task_restarts_total",
+    "Background tasks (the progress poller) that raised and were restarted",
+    ["task"],
+)
 
 
 JobKey = tuple[str, str]  # (namespace, name)

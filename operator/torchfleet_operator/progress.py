@@ -7,12 +7,19 @@ figures changed. A pod that does not answer (KWOK pods have no endpoint, a
 script may export nothing) is tried again later with a growing back-off,
 capped at a few intervals so a slow start-up is not missed, and reset when the
 master changes (a gang restart); failures are never an error.
+
+The endpoint is untrusted: each scrape is capped in size and time, and any
+exception it raises stays with that job (counted by reason in
+torchfleet_operator_progress_scrape_errors_total), so one bad pod never
+stops the poller serving the others. The controller restarts the task should
+it ever die all the same.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Hashable, Iterable
 from datetime import UTC, datetime
@@ -20,13 +27,25 @@ from typing import Any, Generic, TypeVar
 
 import aiohttp
 
+from torchfleet_operator import metrics
 from torchfleet_operator.reconcile import timestamp
-from torchfleet_operator.status.progress import progress_from_metrics
+from torchfleet_operator.status.progress import MetricsError, progress_from_metrics
 from torchfleet_trainer import contract
 
 log = logging.getLogger(__name__)
 MAX_BACKOFF_INTERVALS = 4
 CONCURRENT_SCRAPES = 64
+# A pod's /metrics is untrusted: a scrape reads at most this much, for at most
+# this long (a slow-loris trickling bytes included), then gives up.
+MAX_RESPONSE_BYTES = 1 << 20
+SCRAPE_SECONDS = 2.0
+# A pod that keeps answering garbage is reported once a minute, not every tick.
+WARN_EVERY_SECONDS = 60.0
+CHUNK_BYTES = 64 << 10
+
+
+class ResponseTooLarge(Exception):
+    """The metrics response passed MAX_RESPONSE_BYTES."""
 
 
 K = TypeVar("K", bound=Hashable)
@@ -39,17 +58,22 @@ class ProgressPoller(Generic[K]):
         targets: Callable[[], Iterable[tuple[K, str]]],
         on_change: Callable[[K], None],
         port: int = contract.DEFAULT_METRICS_PORT,
+        max_bytes: int = MAX_RESPONSE_BYTES,
+        scrape_seconds: float = SCRAPE_SECONDS,
     ) -> None:
         self.interval = interval
         self.targets = targets  # (job key, master pod IP) of running jobs
         self.on_change = on_change
         self.port = port
+        self.max_bytes = max_bytes
+        self.scrape_seconds = scrape_seconds
         self.latest: dict[K, tuple[dict[str, Any] | None, int | None]] = {}
         # key -> (next try, current back-off, the master IP it applies to)
         self._retry_at: dict[K, tuple[float, float, str]] = {}
+        self._warned_at: dict[K, float] = {}
 
     async def run(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=2, connect=1)
+        timeout = aiohttp.ClientTimeout(total=self.scrape_seconds, connect=1)
         limit = asyncio.Semaphore(CONCURRENT_SCRAPES)
         async with aiohttp.ClientSession(timeout=timeout) as session:
             while True:
@@ -61,25 +85,62 @@ class ProgressPoller(Generic[K]):
     async def _scrape(
         self, session: aiohttp.ClientSession, limit: asyncio.Semaphore, key: K, ip: str
     ) -> None:
-        host = f"[{ip}]" if ":" in ip else ip
+        """One job's scrape; whatever goes wrong stays with this job (never raises)."""
         try:
-            async with limit, session.get(f"http://{host}:{self.port}/metrics") as response:
-                response.raise_for_status()
-                text = await response.text()
+            async with (
+                limit,
+                asyncio.timeout(self.scrape_seconds),
+            ):  # aiohttp's too, belt and braces
+                text = await self._fetch(session, ip)
             found = progress_from_metrics(text, timestamp(datetime.now(UTC)))
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            _, backoff, _ = self._retry_at.get(key, (0.0, self.interval / 2, ip))
-            backoff = min(MAX_BACKOFF_INTERVALS * self.interval, backoff * 2)
-            self._retry_at[key] = (time.monotonic() + backoff, backoff, ip)
-            log.debug("no progress from %s (%s); next try in %.0fs", ip, exc, backoff)
+            self._retry_at.pop(key, None)
+            if found[0] is None:
+                return
+            previous = self.latest.get(key)
+            self.latest[key] = found
+            if previous is None or _figures(previous) != _figures(found):
+                self.on_change(key)
+        except Exception as exc:
+            self._failed(key, ip, exc)
+
+    async def _fetch(self, session: aiohttp.ClientSession, ip: str) -> str:
+        """The body, streamed and capped (a 50 MB answer is never buffered)."""
+        host = f"[{ip}]" if ":" in ip else ip
+        async with session.get(f"http://{host}:{self.port}/metrics") as response:
+            response.raise_for_status()
+            body = bytearray()
+            if (response.content_length or 0) <= self.max_bytes:
+                async for chunk in response.content.iter_chunked(CHUNK_BYTES):
+                    body += chunk
+                    if len(body) > self.max_bytes:
+                        break
+            if len(body) > self.max_bytes or (response.content_length or 0) > self.max_bytes:
+                response.close()  # drop the connection: the rest is never read
+                raise ResponseTooLarge(f"more than {self.max_bytes} bytes")
+        return body.decode("utf-8")
+
+    def _failed(self, key: K, ip: str, exc: Exception) -> None:
+        """Counts the failure, backs this job off, and logs without flooding."""
+        reason = scrape_error_reason(exc)
+        metrics.PROGRESS_SCRAPE_ERRORS.labels(reason=reason).inc()
+        _, backoff, _ = self._retry_at.get(key, (0.0, self.interval / 2, ip))
+        backoff = min(MAX_BACKOFF_INTERVALS * self.interval, backoff * 2)
+        now = time.monotonic()
+        self._retry_at[key] = (now + backoff, backoff, ip)
+        # No endpoint (yet) is normal: KWOK pods, a script that exports nothing.
+        quiet = reason in ("unreachable", "http", "timeout")
+        if quiet or now - self._warned_at.get(key, -math.inf) < WARN_EVERY_SECONDS:
+            log.debug("no progress from %s (%s: %s); next try in %.0fs", ip, reason, exc, backoff)
             return
-        self._retry_at.pop(key, None)
-        if found[0] is None:
-            return
-        previous = self.latest.get(key)
-        self.latest[key] = found
-        if previous is None or _figures(previous) != _figures(found):
-            self.on_change(key)
+        self._warned_at[key] = now
+        log.warning(
+            "no progress from %s for %s (%s: %s); said at most once a minute",
+            ip,
+            key,
+            reason,
+            exc,
+            exc_info=reason == "unexpected",
+        )
 
     def _due(self, key: K, ip: str, now: float) -> bool:
         retry = self._retry_at.get(key)
@@ -89,6 +150,22 @@ class ProgressPoller(Generic[K]):
     def forget(self, key: K) -> None:
         self.latest.pop(key, None)
         self._retry_at.pop(key, None)
+        self._warned_at.pop(key, None)
+
+
+def scrape_error_reason(exc: BaseException) -> str:
+    """The metric label for a failed scrape."""
+    if isinstance(exc, ResponseTooLarge):
+        return "too_large"
+    if isinstance(exc, TimeoutError):  # asyncio's and aiohttp's timeouts both are
+        return "timeout"
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return "http"
+    if isinstance(exc, aiohttp.ClientError):
+        return "unreachable"
+    if isinstance(exc, MetricsError | UnicodeDecodeError):
+        return "unparseable"
+    return "unexpected"
 
 
 def _figures(found: tuple[dict[str, Any] | None, int | None]) -> tuple[Any, ...]:

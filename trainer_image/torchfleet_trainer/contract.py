@@ -66,6 +66,16 @@ def rendezvous_port(restart_count: int) -> int:
 
 DEFAULT_METRICS_PORT = 9400
 
+# The trainer's Prometheus series on that port which the operator reads into
+# status.progress and status.lastCheckpoint (torchfleet_trainer/metrics.py
+# exports them; torchfleet_operator/status/progress.py parses them).
+METRIC_STEP = "torchfleet_train_step"
+METRIC_TOTAL_STEPS = "torchfleet_train_total_steps"
+METRIC_LOSS = "torchfleet_train_loss"
+METRIC_TOKENS_PER_SECOND = "torchfleet_train_tokens_per_second"
+METRIC_STEP_SECONDS = "torchfleet_train_step_seconds"  # a histogram: its _sum and _count
+METRIC_CHECKPOINT_STEP = "torchfleet_checkpoint_step"
+
 
 class ContractError(ValueError):
     """The pod environment does not satisfy the contract; names the variable."""

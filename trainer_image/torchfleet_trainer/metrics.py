@@ -9,6 +9,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
 
+from torchfleet_trainer import contract
+
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 CHECKPOINT_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900)
 
@@ -24,13 +26,13 @@ class TrainMetrics:
         def gauge(name: str, doc: str) -> Gauge:
             return Gauge(name, doc, registry=self.registry)
 
-        self.step = gauge("torchfleet_train_step", "Last completed optimizer step.")
-        self.total_steps = gauge("torchfleet_train_total_steps", "Steps this run trains for.")
-        self.loss = gauge("torchfleet_train_loss", "Training loss of the last logged step.")
+        self.step = gauge(contract.METRIC_STEP, "Last completed optimizer step.")
+        self.total_steps = gauge(contract.METRIC_TOTAL_STEPS, "Steps this run trains for.")
+        self.loss = gauge(contract.METRIC_LOSS, "Training loss of the last logged step.")
         self.eval_loss = gauge("torchfleet_train_eval_loss", "Validation loss, last evaluation.")
         self.learning_rate = gauge("torchfleet_train_learning_rate", "Current learning rate.")
         self.tokens_per_second = gauge(
-            "torchfleet_train_tokens_per_second", "Training tokens per second, all ranks."
+            contract.METRIC_TOKENS_PER_SECOND, "Training tokens per second, all ranks."
         )
         self.mfu = gauge(
             "torchfleet_train_mfu_ratio", "Model FLOPs utilisation against the peak (0-1)."
@@ -39,7 +41,7 @@ class TrainMetrics:
             "torchfleet_train_gpu_memory_bytes", "Peak GPU memory allocated by this process."
         )
         self.step_seconds = Histogram(
-            "torchfleet_train_step_seconds",
+            contract.METRIC_STEP_SECONDS,
             "Wall time of one optimizer step.",
             buckets=STEP_BUCKETS,
             registry=self.registry,
@@ -51,7 +53,7 @@ class TrainMetrics:
             registry=self.registry,
         )
         self.checkpoint_step = gauge(
-            "torchfleet_checkpoint_step", "Step of the newest complete checkpoint."
+            contract.METRIC_CHECKPOINT_STEP, "Step of the newest complete checkpoint."
         )
         self.checkpoint_load_seconds = gauge(
             "torchfleet_checkpoint_load_seconds", "Time taken to load the resumed checkpoint."

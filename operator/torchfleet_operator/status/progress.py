@@ -1,24 +1,36 @@
 """status.progress and status.lastCheckpoint from the master's Prometheus text.
 
-The trainer exports gauges (torchfleet_trainer/metrics.py); this reads the
-ones the status shows. Metrics it does not find are left out, so a script
-that exports nothing simply has no progress.
+The trainer exports gauges (torchfleet_trainer/metrics.py, names in the pod
+contract); this reads the ones the status shows. Metrics it does not find are
+left out, so a script that exports nothing simply has no progress.
+
+The text comes from a pod, so it is untrusted: every number is type-checked
+and held to the bounds of the status schema (read from the API model, so the
+two cannot drift). A figure outside them is dropped, never passed through: one
+bad value in a merge patch gets the whole status write refused (422), phase
+and restartCount included. Derived figures (percent, ETA) are clamped.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+import sys
+from typing import Any, cast
 
+from annotated_types import Ge, Le
 from prometheus_client.parser import text_string_to_metric_families
+from pydantic import BaseModel
 
-STEP = "torchfleet_train_step"
-TOTAL_STEPS = "torchfleet_train_total_steps"
-LOSS = "torchfleet_train_loss"
-TOKENS_PER_SECOND = "torchfleet_train_tokens_per_second"
-STEP_SECONDS_SUM = "torchfleet_train_step_seconds_sum"
-STEP_SECONDS_COUNT = "torchfleet_train_step_seconds_count"
-CHECKPOINT_STEP = "torchfleet_checkpoint_step"
+from torchfleet_operator.api.v1alpha1 import CheckpointStatus, ProgressStatus
+from torchfleet_trainer import contract
+
+STEP = contract.METRIC_STEP
+TOTAL_STEPS = contract.METRIC_TOTAL_STEPS
+LOSS = contract.METRIC_LOSS
+TOKENS_PER_SECOND = contract.METRIC_TOKENS_PER_SECOND
+STEP_SECONDS_SUM = contract.METRIC_STEP_SECONDS + "_sum"
+STEP_SECONDS_COUNT = contract.METRIC_STEP_SECONDS + "_count"
+CHECKPOINT_STEP = contract.METRIC_CHECKPOINT_STEP
 WANTED = {
     STEP,
     TOTAL_STEPS,
@@ -28,36 +40,126 @@ WANTED = {
     STEP_SECONDS_COUNT,
     CHECKPOINT_STEP,
 }
+# The status keys filled from a scrape: optional, so a refused write can go without them.
+SCRAPED_STATUS_KEYS = ("progress", "lastCheckpoint")
+
+# A CRD `integer` is an int64 to the API server: a larger number is refused.
+INT64_MAX = 2**63 - 1
+
+
+class MetricsError(ValueError):
+    """The scraped text is not Prometheus exposition format."""
+
+
+def schema_bounds(model: type[BaseModel], field: str) -> tuple[float, float]:
+    """(minimum, maximum) the status schema allows for a numeric field.
+
+    From the model's own ge/le constraints (which crdgen writes into the CRD);
+    an integer field without them is bounded by int64 (exact Python ints, so
+    no float rounding at the edge), a number by the finite floats.
+    """
+    info = model.model_fields[field]
+    is_int = int in (getattr(info.annotation, "__args__", None) or (info.annotation,))
+    low: float = -INT64_MAX - 1 if is_int else -sys.float_info.max
+    high: float = INT64_MAX if is_int else sys.float_info.max
+    for constraint in info.metadata:
+        if isinstance(constraint, Ge):
+            low = max(low, cast(float, constraint.ge))
+        elif isinstance(constraint, Le):
+            high = min(high, cast(float, constraint.le))
+    return low, high
+
+
+def _bounded_int(value: float | None, model: type[BaseModel], field: str) -> int | None:
+    """The value (truncated) when it lies inside the field's bounds; else None (dropped)."""
+    low, high = schema_bounds(model, field)
+    if value is None or not low <= value <= high:
+        return None
+    return int(value)
+
+
+def _clamped_int(value: float, model: type[BaseModel], field: str) -> int:
+    """A figure we derived, forced into the field's bounds."""
+    low, high = schema_bounds(model, field)
+    if value >= high:
+        return int(high)
+    return int(low) if value <= low else int(value)
+
+
+def _bounded_float(value: float | None, model: type[BaseModel], field: str) -> float | None:
+    low, high = schema_bounds(model, field)
+    return value if value is not None and low <= value <= high else None
 
 
 def read_gauges(text: str) -> dict[str, float]:
-    """The first finite sample of each wanted metric (one job per endpoint)."""
+    """The first finite numeric sample of each wanted metric (one job per endpoint).
+
+    Raises MetricsError when the text does not parse.
+    """
     found: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in WANTED and sample.name not in found and math.isfinite(sample.value):
-                found[sample.name] = sample.value
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                value = sample.value
+                if (
+                    sample.name in WANTED
+                    and sample.name not in found
+                    and isinstance(value, int | float)
+                    and not isinstance(value, bool)
+                    and math.isfinite(value)
+                ):
+                    found[sample.name] = float(value)
+    except Exception as exc:  # the parser raises whatever the bad line provokes
+        raise MetricsError(f"not Prometheus text: {type(exc).__name__}: {exc}"[:300]) from exc
     return found
 
 
 def progress_from_metrics(text: str, now: str) -> tuple[dict[str, Any] | None, int | None]:
-    """(status.progress, checkpoint step) from one scrape; (None, None) without a step."""
+    """(status.progress, checkpoint step) from one scrape; (None, None) without a usable step.
+
+    Raises MetricsError when the text does not parse.
+    """
     gauges = read_gauges(text)
-    if STEP not in gauges:
+    step = _bounded_int(gauges.get(STEP), ProgressStatus, "step")
+    if step is None:
         return None, None
-    step = int(gauges[STEP])
+    checkpoint = _bounded_int(gauges.get(CHECKPOINT_STEP), CheckpointStatus, "step")
     progress: dict[str, Any] = {"step": step, "updateTime": now}
-    total = int(gauges[TOTAL_STEPS]) if gauges.get(TOTAL_STEPS) else None
-    if total:
+    total = _bounded_int(gauges.get(TOTAL_STEPS), ProgressStatus, "total_steps")
+    if total:  # 0 means "not known"
         progress["totalSteps"] = total
-        progress["percent"] = min(100, int(100 * step / total))
-        count = gauges.get(STEP_SECONDS_COUNT)
-        if count:
-            per_step = gauges[STEP_SECONDS_SUM] / count
-            progress["etaSeconds"] = max(0, int(per_step * (total - step)))
-    if LOSS in gauges:
-        progress["loss"] = round(gauges[LOSS], 6)
-    if TOKENS_PER_SECOND in gauges:
-        progress["tokensPerSecond"] = round(max(0.0, gauges[TOKENS_PER_SECOND]), 3)
-    checkpoint = int(gauges[CHECKPOINT_STEP]) if CHECKPOINT_STEP in gauges else None
+        progress["percent"] = _clamped_int(100 * step / total, ProgressStatus, "percent")
+        eta = _eta_seconds(gauges, step, total)
+        if eta is not None:
+            progress["etaSeconds"] = eta
+    loss = _bounded_float(gauges.get(LOSS), ProgressStatus, "loss")
+    if loss is not None:
+        progress["loss"] = round(loss, 6)
+    throughput = _bounded_float(gauges.get(TOKENS_PER_SECOND), ProgressStatus, "tokens_per_second")
+    if throughput is not None:
+        progress["tokensPerSecond"] = round(throughput, 3)
     return progress, checkpoint
+
+
+def _eta_seconds(gauges: dict[str, float], step: int, total: int) -> int | None:
+    """Mean step time x steps left; None without a positive mean (a _count with no _sum)."""
+    count, seconds = gauges.get(STEP_SECONDS_COUNT), gauges.get(STEP_SECONDS_SUM)
+    if count is None or seconds is None or count <= 0 or seconds <= 0:
+        return None
+    steps_left = max(0, total - step)
+    if steps_left == 0:
+        return 0
+    # An absurd mean (1e300 s) overflows to inf, which the clamp turns into the maximum.
+    return _clamped_int(seconds / count * steps_left, ProgressStatus, "eta_seconds")
+
+
+def without_scraped(status: dict[str, Any], code: int) -> dict[str, Any] | None:
+    """The status to retry a refused write with, or None when retrying cannot help.
+
+    Only a 422 (the schema refused a value) may be the scraped part's fault;
+    then the write goes again without it, so phase, restartCount and
+    completionTime are never lost to a figure a pod reported.
+    """
+    if code != 422 or not any(key in status for key in SCRAPED_STATUS_KEYS):
+        return None
+    return {key: value for key, value in status.items() if key not in SCRAPED_STATUS_KEYS}
