@@ -26,6 +26,9 @@ from pydantic.alias_generators import to_camel
 
 from torchfleet_trainer import contract
 
+# A single token file; any other 'tokens' path is a directory with train.bin and val.bin.
+BIN_SUFFIX = ".bin"
+
 
 class ConfigError(ValueError):
     """A trainer config is invalid; the message names the field path."""
@@ -134,6 +137,15 @@ class DataConfig(_Section):
         1_000_000, ge=1024, description="Corpus length for 'synthetic' data."
     )
 
+    @property
+    def splits_tail(self) -> bool:
+        """True when validation is the corpus's tail (valFraction applies): a text file or
+        a single .bin file. A directory brings its own val.bin; synthetic data always
+        holds some tokens out."""
+        return self.kind == "char" or (
+            self.kind == "tokens" and (self.path or "").endswith(BIN_SUFFIX)
+        )
+
     @model_validator(mode="after")
     def _check_path(self) -> Self:
         if self.kind in ("char", "tokens") and not self.path:
@@ -200,6 +212,13 @@ class TrainingConfig(_Section):
     )
     eval_batches: int = Field(20, ge=1, description="Batches averaged per evaluation.")
     log_interval: int = Field(10, ge=1, description="Log metrics every this many steps.")
+    max_non_finite_steps: int = Field(
+        10,
+        ge=1,
+        description="A step whose loss or gradient norm is NaN or infinite skips its "
+        "optimizer update (and any interval checkpoint); this many such steps in a row "
+        "fail the run.",
+    )
 
     @model_validator(mode="after")
     def _check_batch(self) -> Self:
@@ -367,6 +386,12 @@ class TrainConfig(_Section):
 
     @model_validator(mode="after")
     def _check_cross_fields(self) -> Self:
+        if self.training.eval_interval and self.data.val_fraction == 0 and self.data.splits_tail:
+            raise ValueError(
+                "data.valFraction: 0 leaves no validation split for evaluation "
+                f"(training.evalInterval={self.training.eval_interval}); set valFraction > 0 "
+                "or training.evalInterval=0"
+            )
         if self.data.seq_len > self.model.max_seq_len:
             raise ValueError(
                 f"data.seqLen: {self.data.seq_len} exceeds model.maxSeqLen={self.model.max_seq_len}"

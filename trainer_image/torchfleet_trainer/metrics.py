@@ -7,7 +7,7 @@ import sys
 import time
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 CHECKPOINT_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900)
@@ -55,6 +55,11 @@ class TrainMetrics:
         )
         self.checkpoint_load_seconds = gauge(
             "torchfleet_checkpoint_load_seconds", "Time taken to load the resumed checkpoint."
+        )
+        self.non_finite_steps = Counter(
+            "torchfleet_train_non_finite_steps",
+            "Steps whose loss or gradient norm was NaN or infinite (their update was skipped).",
+            registry=self.registry,
         )
         self.port: int | None = None
 
