@@ -203,6 +203,12 @@ class TrainingConfig(_Section):
         description="Compute precision. 'auto' is bf16 on CUDA and fp32 on CPU. Parameters "
         "and optimizer state stay fp32 (mixed precision).",
     )
+    meta_device_init: Literal["auto", "always", "never"] = Field(
+        "auto",
+        description="Build the model on the meta device and materialise only this rank's "
+        "shards: 'auto' does on CUDA and builds the whole model directly on CPU; 'always' "
+        "also on CPU (how tests cover the GPU path).",
+    )
     compile: bool = Field(False, description="torch.compile each transformer block.")
     activation_checkpointing: Literal["none", "full"] = Field(
         "none", description="Recompute each block's activations in the backward pass."

@@ -26,6 +26,11 @@ from torchfleet_trainer.distributed.parallel_dims import ParallelDims
 from torchfleet_trainer.distributed.parallelize import ParallelModel, parallelize
 from torchfleet_trainer.metrics import TrainMetrics, flops_per_token, log_json
 from torchfleet_trainer.models import build_model
+from torchfleet_trainer.models.meta_init import (
+    initialise,
+    needs_reference_buffers,
+    reference_buffers,
+)
 from torchfleet_trainer.schedule import lr_at
 
 H100_BF16_TFLOPS = 989.0
@@ -88,6 +93,14 @@ def pick_dtype(config: TrainConfig, device: torch.device) -> torch.dtype:
     if precision == "auto":
         precision = "bf16" if device.type == "cuda" else "fp32"
     return torch.bfloat16 if precision == "bf16" else torch.float32
+
+
+def uses_meta_init(config: TrainConfig, device: torch.device) -> bool:
+    """On GPUs build on the meta device and materialise only this rank's shards; on
+    CPU build the whole model unless told otherwise, so every layout starts from
+    bit-identical weights."""
+    wanted = config.training.meta_device_init
+    return wanted == "always" or (wanted == "auto" and device.type == "cuda")
 
 
 def build_runtime(config: TrainConfig, distributed: bool = True) -> Runtime:
@@ -211,13 +224,15 @@ class Trainer:
     def _build_model(self, vocab: int) -> ParallelModel:
         cfg, runtime = self.config, self.runtime
         torch.manual_seed(cfg.training.seed)
-        # On GPUs build on the meta device and materialise only this rank's
-        # shards; on CPU build the full model so every layout starts from
-        # bit-identical weights.
-        init_device = torch.device("meta") if runtime.device.type == "cuda" else runtime.device
-        with init_device:
+        meta = uses_meta_init(cfg, runtime.device)
+        with torch.device("meta") if meta else runtime.device:
             model = build_model(cfg.model, vocab)
-        if init_device.type != "meta":
+        reference: dict[str, torch.Tensor] = {}
+        if meta and needs_reference_buffers(model):
+            reference = reference_buffers(cfg.model, vocab)
+        if not meta:
+            # Re-seeded as the meta path is, so both give the same weights.
+            torch.manual_seed(cfg.training.seed)
             _init_weights(model)
         self.flops_per_token = flops_per_token(
             sum(p.numel() for n, p in model.named_parameters() if "embeddings" not in n),
@@ -226,10 +241,12 @@ class Trainer:
             cfg.data.seq_len,
         )
         parallel = parallelize(model, cfg, runtime.dims, runtime.device, runtime.dtype)
-        if init_device.type == "meta":
+        if meta:
+            # Parameters take the values a direct build with the same seed gives.
+            torch.manual_seed(cfg.training.seed)
             for part in parallel.parts:
                 part.to_empty(device=runtime.device)
-                _init_weights(part)
+                initialise(part, reference)
         return parallel
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -456,7 +473,8 @@ class NonFiniteGuard:
 
 
 def _init_weights(model: nn.Module) -> None:
-    """Built-in models initialise themselves; user models keep their own init."""
+    """A direct build: built-in models initialise themselves; user models' constructors
+    already did."""
     init = getattr(model, "init_weights", None)
     if callable(init):
         init()

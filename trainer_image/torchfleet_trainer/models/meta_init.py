@@ -1,0 +1,116 @@
+"""Giving a model built on the meta device its values, after ``to_empty()``.
+
+``to_empty()`` leaves every parameter and buffer uninitialised memory, so a
+model materialised from meta must be initialised again, on each rank's shard.
+What initialises it, in order of preference:
+
+1. ``init_weights(self)``: the model owns its whole initialisation, parameters
+   and non-persistent buffers (masks, RoPE tables) alike, as the built-in
+   models and TorchTitan's do. It must work on any subset of the model (a
+   pipeline stage has some layers removed) and on DTensor parameters.
+2. Otherwise every submodule's ``reset_parameters()`` (what ``nn.Linear``,
+   ``nn.Embedding``, the norms... run in their constructors), then the
+   buffers: ``init_buffers(self)`` when the model has one, else a copy of the
+   buffers of a buffers-only build of the model (its factory run again on the
+   CPU with every parameter replaced by a meta tensor as it is registered, so
+   no parameter memory is allocated or initialised).
+
+A parameter owned by a module without ``reset_parameters()`` cannot be
+initialised by (2) and is refused by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
+from torch.nn.modules.module import register_module_parameter_registration_hook
+
+from torchfleet_trainer.config import ConfigError, ModelConfig
+
+# Prefixes parallelize() adds to module names (activation checkpointing).
+_WRAPPER_PREFIXES = (_CHECKPOINT_PREFIX,)
+
+
+def has_init_weights(model: nn.Module) -> bool:
+    return callable(getattr(model, "init_weights", None))
+
+
+def needs_reference_buffers(model: nn.Module) -> bool:
+    """True when only a buffers-only build can give this model's buffers their values."""
+    if has_init_weights(model) or callable(getattr(model, "init_buffers", None)):
+        return False
+    return any(True for _ in model.buffers())
+
+
+@contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    def to_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> nn.Parameter | None:
+        if param is None or param.is_meta:
+            return None
+        return nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+    # Module.register_parameter keeps a hook's returned parameter (torch's
+    # annotation says the hook returns None).
+    handle = register_module_parameter_registration_hook(to_meta)  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def reference_buffers(config: ModelConfig, vocab_size: int) -> dict[str, torch.Tensor]:
+    """Every buffer of the model, computed on the CPU; parameters are never allocated."""
+    from torchfleet_trainer.models import build_model  # the registry imports this module
+
+    with _parameters_on_meta(), torch.device("cpu"):
+        model = build_model(config, vocab_size)
+    return {name: buffer for name, buffer in model.named_buffers()}
+
+
+def unwrapped_name(name: str) -> str:
+    """A parameter or buffer name as in the plain model, wrappers' prefixes removed."""
+    for prefix in _WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
+@torch.no_grad()
+def initialise(model: nn.Module, reference: dict[str, torch.Tensor]) -> None:
+    """Initialises a materialised model (or one pipeline stage of it) in place."""
+    init = getattr(model, "init_weights", None)
+    if callable(init):
+        init()
+        return
+    _reset_parameters(model)
+    init_buffers = getattr(model, "init_buffers", None)
+    if callable(init_buffers):
+        init_buffers()
+        return
+    for name, buffer in model.named_buffers():
+        plain = unwrapped_name(name)
+        if plain not in reference:
+            raise ConfigError(
+                f"model.importPath: buffer {plain!r} cannot be recreated after meta-device "
+                "init; give the model init_buffers(self) or init_weights(self)"
+            )
+        buffer.copy_(reference[plain])
+
+
+def _reset_parameters(model: nn.Module) -> None:
+    covered: set[int] = set()
+    for module in model.modules():
+        reset = getattr(module, "reset_parameters", None)
+        if callable(reset):
+            reset()
+            covered.update(id(p) for p in module.parameters(recurse=False))
+    missing = [unwrapped_name(name) for name, p in model.named_parameters() if id(p) not in covered]
+    if missing:
+        raise ConfigError(
+            f"model.importPath: parameters {missing[:5]} belong to modules without "
+            "reset_parameters(), so meta-device init cannot initialise them; give the model "
+            "init_weights(self)"
+        )
