@@ -90,8 +90,9 @@ class ModelConfig(_Section):
     rope_theta: float = Field(10000.0, gt=0.0, description="RoPE base frequency (llama).")
     tie_embeddings: bool = Field(
         False,
-        description="Share the token embedding with the output projection. Off by default "
-        "because tied weights cannot be split across pipeline stages.",
+        description="Share the token embedding with the output projection. Off by default; "
+        "not with parallel.tensor or parallel.pipeline > 1 (tensor parallelism shards the "
+        "two differently, pipeline stages hold them on different ranks).",
     )
 
     @model_validator(mode="after")
@@ -403,6 +404,11 @@ class TrainConfig(_Section):
                 f"data.seqLen: {self.data.seq_len} exceeds model.maxSeqLen={self.model.max_seq_len}"
             )
         tp = self.parallel.tensor
+        if self.model.tie_embeddings and (tp > 1 or self.parallel.pipeline > 1):
+            raise ValueError(
+                f"model.tieEmbeddings: cannot be used with parallel.tensor={tp} or "
+                f"parallel.pipeline={self.parallel.pipeline}; tying needs both at 1"
+            )
         if self.model.import_path is None:
             if self.model.heads % tp:
                 raise ValueError(f"parallel.tensor: {tp} does not divide model.heads")

@@ -28,6 +28,7 @@ from torchfleet_trainer.metrics import TrainMetrics, flops_per_token, log_json
 from torchfleet_trainer.models import build_model
 from torchfleet_trainer.models.meta_init import (
     initialise,
+    materialise,
     needs_reference_buffers,
     reference_buffers,
 )
@@ -245,7 +246,7 @@ class Trainer:
             # Parameters take the values a direct build with the same seed gives.
             torch.manual_seed(cfg.training.seed)
             for part in parallel.parts:
-                part.to_empty(device=runtime.device)
+                materialise(part, runtime.device)
                 initialise(part, reference)
         return parallel
 

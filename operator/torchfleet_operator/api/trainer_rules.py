@@ -102,6 +102,7 @@ def _config_rules() -> list[dict[str, str]]:
     per_rank = or_default("self.?parallel", ParallelConfig, "stages_per_rank")
     stages = f"({pipeline} * ({schedule} == 'interleaved_1f1b' ? {per_rank} : 1))"
     builtin = "!has(self.model) || !has(self.model.importPath)"
+    tied = or_default("self.?model", ModelConfig, "tie_embeddings")
     return [
         _val_split_rule(),
         _rule(
@@ -113,6 +114,12 @@ def _config_rules() -> list[dict[str, str]]:
             f"!({builtin}) || ({heads} % {tensor} == 0 && {kv_heads} % {tensor} == 0)",
             "trainer.parallel.tensor must divide model.heads and model.kvHeads",
             ".parallel",
+        ),
+        _rule(
+            f"!{tied} || ({tensor} == 1 && {pipeline} == 1)",
+            "trainer.model.tieEmbeddings cannot be used with parallel.tensor or "
+            "parallel.pipeline > 1",
+            ".model",
         ),
         _rule(
             f"{stages} <= {layers}",

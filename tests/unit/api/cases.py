@@ -444,6 +444,15 @@ INVALID: tuple[Invalid, ...] = (
         says="valFraction",
     ),
     _case(
+        "trainer-tied-embeddings-with-pipeline",
+        "spec.trainer",
+        merge(
+            nested("worker.replicas", 1),
+            nested("trainer", {"model": {"tieEmbeddings": True}, "parallel": {"pipeline": 2}}),
+        ),
+        says="tieEmbeddings",
+    ),
+    _case(
         "trainer-seq-len-beyond-model",
         "spec.trainer",
         nested("trainer", {"data": {"seqLen": 512}, "model": {"maxSeqLen": 256}}),

@@ -65,6 +65,14 @@ def test_config_module_imports_without_torch() -> None:
             "data.valFraction: 0 leaves no validation split",
         ),
         (["training.maxNonFiniteSteps=0"], "training.maxNonFiniteSteps: Input should be"),
+        (
+            ["model.tieEmbeddings=true", "parallel.tensor=2"],
+            "model.tieEmbeddings: cannot be used with parallel.tensor=2",
+        ),
+        (
+            ["model.tieEmbeddings=true", "parallel.pipeline=2"],
+            "model.tieEmbeddings: cannot be used with parallel.tensor=1 or parallel.pipeline=2",
+        ),
     ],
 )
 def test_bad_config_names_the_field(overrides: list[str], message: str) -> None:

@@ -118,3 +118,11 @@ def test_parameter_without_reset_parameters_is_refused_by_name() -> None:
     # Built directly, the constructor's own values stand.
     direct = build_model(cfg.model, 32)
     assert torch.equal(direct.scale, torch.ones(16))  # type: ignore[arg-type]
+
+
+def test_tied_embeddings_stay_one_parameter_after_meta_init() -> None:
+    tied = ["model.architecture=gpt", "model.tieEmbeddings=true"]
+    direct = trainer_model(config(*tied))
+    materialised = trainer_model(config(*tied, "training.metaDeviceInit=always"))
+    assert materialised.output.weight is materialised.tok_embeddings.weight
+    assert_same_tensors(materialised, direct)

@@ -1,4 +1,6 @@
-"""Giving a model built on the meta device its values, after ``to_empty()``.
+"""Giving a model built on the meta device its memory and values.
+
+:func:`materialise` is ``to_empty()`` keeping tied parameters tied.
 
 ``to_empty()`` leaves every parameter and buffer uninitialised memory, so a
 model materialised from meta must be initialised again, on each rank's shard.
@@ -69,6 +71,32 @@ def reference_buffers(config: ModelConfig, vocab_size: int) -> dict[str, torch.T
     with _parameters_on_meta(), torch.device("cpu"):
         model = build_model(config, vocab_size)
     return {name: buffer for name, buffer in model.named_buffers()}
+
+
+def materialise(module: nn.Module, device: torch.device) -> None:
+    """``to_empty()`` that keeps tied parameters tied.
+
+    ``to_empty()`` gives every module its own new tensor, so a parameter shared
+    by two modules (``tieEmbeddings``: the output projection and the token
+    embedding) would come back as two; the sharing seen before is restored.
+    """
+    ties = _tied_groups(module)
+    module.to_empty(device=device)
+    for names in ties:
+        shared = module.get_parameter(names[0])
+        for name in names[1:]:
+            owner_name, _, attr = name.rpartition(".")
+            owner = module.get_submodule(owner_name)
+            if getattr(owner, attr) is not shared:
+                setattr(owner, attr, shared)
+
+
+def _tied_groups(module: nn.Module) -> list[list[str]]:
+    """Names of each parameter that more than one module holds."""
+    by_param: dict[int, list[str]] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        by_param.setdefault(id(param), []).append(name)
+    return [names for names in by_param.values() if len(names) > 1]
 
 
 def unwrapped_name(name: str) -> str:
