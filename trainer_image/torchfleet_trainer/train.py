@@ -243,11 +243,10 @@ class Trainer:
         )
         parallel = parallelize(model, cfg, runtime.dims, runtime.device, runtime.dtype)
         if meta:
-            # Parameters take the values a direct build with the same seed gives.
-            torch.manual_seed(cfg.training.seed)
+            pp_rank = runtime.dims.rank_in("pp") if runtime.dims else 0
             for part in parallel.parts:
                 materialise(part, runtime.device)
-                initialise(part, reference)
+                initialise(part, reference, cfg.training.seed, pp_rank)
         return parallel
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:

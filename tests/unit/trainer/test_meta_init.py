@@ -13,7 +13,9 @@ import torch
 from torch import nn
 
 from torchfleet_trainer.config import ConfigError, ModelConfig, TrainConfig, load_config
+from torchfleet_trainer.distributed.pipeline import carve_stage, layer_ranges
 from torchfleet_trainer.models import build_model
+from torchfleet_trainer.models.meta_init import initialise, materialise
 from torchfleet_trainer.train import Trainer, build_runtime, uses_meta_init
 
 SEED = 7
@@ -126,3 +128,20 @@ def test_tied_embeddings_stay_one_parameter_after_meta_init() -> None:
     materialised = trainer_model(config(*tied, "training.metaDeviceInit=always"))
     assert materialised.output.weight is materialised.tok_embeddings.weight
     assert_same_tensors(materialised, direct)
+
+
+@pytest.mark.parametrize("arch", ["gpt", "llama"])
+def test_meta_initialised_pipeline_stages_equal_the_whole_models_layers(arch: str) -> None:
+    model_config = ModelConfig(architecture=arch, layers=4, dim=16, heads=2, max_seq_len=8)  # type: ignore[arg-type]
+    torch.manual_seed(SEED)
+    whole = build_model(model_config, 32)
+    initialise(whole, {}, SEED)
+    with torch.device("meta"):
+        meta_model = build_model(model_config, 32)
+    for rank, layers in enumerate(layer_ranges(4, 4)):
+        stage = carve_stage(meta_model, layers, first=rank == 0, last=rank == 3)
+        materialise(stage, torch.device("cpu"))
+        initialise(stage, {}, SEED, pp_rank=rank)
+        expected = dict(whole.named_parameters()) | dict(whole.named_buffers())
+        for name, tensor in [*stage.named_parameters(), *stage.named_buffers()]:
+            torch.testing.assert_close(tensor, expected[name], rtol=0, atol=0, msg=name)

@@ -28,13 +28,10 @@ from contextlib import contextmanager
 
 import torch
 from torch import nn
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
 from torch.nn.modules.module import register_module_parameter_registration_hook
 
 from torchfleet_trainer.config import ConfigError, ModelConfig
-
-# Prefixes parallelize() adds to module names (activation checkpointing).
-_WRAPPER_PREFIXES = (_CHECKPOINT_PREFIX,)
+from torchfleet_trainer.models.common import plain_name
 
 
 def has_init_weights(model: nn.Module) -> bool:
@@ -99,27 +96,27 @@ def _tied_groups(module: nn.Module) -> list[list[str]]:
     return [names for names in by_param.values() if len(names) > 1]
 
 
-def unwrapped_name(name: str) -> str:
-    """A parameter or buffer name as in the plain model, wrappers' prefixes removed."""
-    for prefix in _WRAPPER_PREFIXES:
-        name = name.replace(prefix, "")
-    return name
-
-
 @torch.no_grad()
-def initialise(model: nn.Module, reference: dict[str, torch.Tensor]) -> None:
-    """Initialises a materialised model (or one pipeline stage of it) in place."""
+def initialise(
+    model: nn.Module, reference: dict[str, torch.Tensor], seed: int, pp_rank: int = 0
+) -> None:
+    """Initialises a materialised model (or this pipeline rank's stage of it) in place."""
+    torch.manual_seed(seed)
     init = getattr(model, "init_weights", None)
     if callable(init):
         init()
         return
+    # reset_parameters() draws from the one global stream in module order: offset
+    # by pipeline rank, stages do not start as copies of each other (and stage 0
+    # still gets its direct build's values).
+    torch.manual_seed(seed + pp_rank)
     _reset_parameters(model)
     init_buffers = getattr(model, "init_buffers", None)
     if callable(init_buffers):
         init_buffers()
         return
     for name, buffer in model.named_buffers():
-        plain = unwrapped_name(name)
+        plain = plain_name(name)
         if plain not in reference:
             raise ConfigError(
                 f"model.importPath: buffer {plain!r} cannot be recreated after meta-device "
@@ -135,7 +132,7 @@ def _reset_parameters(model: nn.Module) -> None:
         if callable(reset):
             reset()
             covered.update(id(p) for p in module.parameters(recurse=False))
-    missing = [unwrapped_name(name) for name, p in model.named_parameters() if id(p) not in covered]
+    missing = [plain_name(name) for name, p in model.named_parameters() if id(p) not in covered]
     if missing:
         raise ConfigError(
             f"model.importPath: parameters {missing[:5]} belong to modules without "
