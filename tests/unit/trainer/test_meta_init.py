@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests.trainer.user_models import SMALL, MaskedMixer
 from torchfleet_trainer.config import ConfigError, ModelConfig, TrainConfig, load_config
 from torchfleet_trainer.distributed.pipeline import carve_stage, layer_ranges
 from torchfleet_trainer.models import build_model
@@ -19,26 +20,6 @@ from torchfleet_trainer.models.meta_init import initialise, materialise
 from torchfleet_trainer.train import Trainer, build_runtime, uses_meta_init
 
 SEED = 7
-
-
-class MaskedMixer(nn.Module):
-    """A user model of plain layers and a causal-mask buffer that is not saved."""
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        assert config.vocab_size is not None
-        dim, seq = config.dim, config.max_seq_len
-        self.embedding = nn.Embedding(config.vocab_size, dim)
-        self.norm = nn.LayerNorm(dim)
-        self.mix = nn.Linear(dim, dim)
-        self.output = nn.Linear(dim, config.vocab_size)
-        self.register_buffer("mask", torch.ones(seq, seq).tril().bool(), persistent=False)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h = self.norm(self.embedding(tokens))
-        seq = tokens.shape[1]
-        scores = (h @ h.transpose(1, 2)).masked_fill(~self.mask[:seq, :seq], float("-inf"))
-        return self.output(self.mix(scores.softmax(-1) @ h))
 
 
 class WithBareParameter(nn.Module):
@@ -55,13 +36,7 @@ class WithBareParameter(nn.Module):
 def config(*extra: str) -> TrainConfig:
     return load_config(
         overrides=[
-            "model.layers=2",
-            "model.dim=16",
-            "model.heads=2",
-            "model.maxSeqLen=8",
-            "model.vocabSize=32",
-            "data.seqLen=8",
-            "data.syntheticTokens=2048",
+            *SMALL,
             f"training.seed={SEED}",
             "checkpoint.enabled=false",
             "metrics.enabled=false",
@@ -94,7 +69,7 @@ def test_meta_init_is_forced_on_cpu_only_when_asked() -> None:
 
 
 def test_user_model_without_init_hook_equals_its_direct_build() -> None:
-    path = f"model.importPath={__name__}:MaskedMixer"
+    path = f"model.importPath={MaskedMixer.__module__}:MaskedMixer"
     cfg = config(path, "training.metaDeviceInit=always")
     torch.manual_seed(SEED)
     direct = MaskedMixer(cfg.model.model_copy(update={"vocab_size": 32}))

@@ -102,7 +102,15 @@ def normal_by_name(param: torch.Tensor, std: float, seed: int, name: str) -> Non
         return
     whole = torch.empty(param.shape, dtype=param.dtype, device=param.device)
     whole.normal_(0.0, std, generator=generator)
-    # Every rank drew the same whole tensor, so each cuts its shard locally.
+    copy_my_shard(param, whole)
+
+
+def copy_my_shard(param: torch.Tensor, whole: torch.Tensor) -> None:
+    """Copies into ``param`` its part of ``whole``, which every rank holds alike
+    (so each cuts its own shard, without communication)."""
+    if not isinstance(param, DTensor):
+        param.copy_(whole)
+        return
     mine = distribute_tensor(whole, param.device_mesh, param.placements, src_data_rank=None)
     param.to_local().copy_(mine.to_local())
 

@@ -11,7 +11,8 @@ What initialises it, in order of preference:
    models and TorchTitan's do. It must work on any subset of the model (a
    pipeline stage has some layers removed) and on DTensor parameters.
 2. Otherwise every submodule's ``reset_parameters()`` (what ``nn.Linear``,
-   ``nn.Embedding``, the norms... run in their constructors), then the
+   ``nn.Embedding``, the norms... run in their constructors; on whole-size
+   stand-ins of sharded parameters, each rank keeping its shard), then the
    buffers: ``init_buffers(self)`` when the model has one, else a copy of the
    buffers of a buffers-only build of the model (its factory run again on the
    CPU with every parameter replaced by a meta tensor as it is registered, so
@@ -28,10 +29,11 @@ from contextlib import contextmanager
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.nn.modules.module import register_module_parameter_registration_hook
 
 from torchfleet_trainer.config import ConfigError, ModelConfig
-from torchfleet_trainer.models.common import plain_name
+from torchfleet_trainer.models.common import copy_my_shard, plain_name
 
 
 def has_init_weights(model: nn.Module) -> bool:
@@ -128,9 +130,8 @@ def initialise(
 def _reset_parameters(model: nn.Module) -> None:
     covered: set[int] = set()
     for module in model.modules():
-        reset = getattr(module, "reset_parameters", None)
-        if callable(reset):
-            reset()
+        if callable(getattr(module, "reset_parameters", None)):
+            _reset_whole(module)
             covered.update(id(p) for p in module.parameters(recurse=False))
     missing = [plain_name(name) for name, p in model.named_parameters() if id(p) not in covered]
     if missing:
@@ -139,3 +140,32 @@ def _reset_parameters(model: nn.Module) -> None:
             "reset_parameters(), so meta-device init cannot initialise them; give the model "
             "init_weights(self)"
         )
+
+
+def _reset_whole(module: nn.Module) -> None:
+    """``module.reset_parameters()`` as if its parameters were not sharded.
+
+    On DTensor (FSDP/TP) parameters each rank would draw its shard from the
+    start of the same stream, repeating values across ranks. Instead the module
+    resets whole-tensor stand-ins (every rank draws the same values, as the
+    unsharded model would) and each rank keeps its shard of them.
+    """
+    sharded = dict(module.named_parameters(recurse=False))
+    if not any(isinstance(p, DTensor) for p in sharded.values()):
+        module.reset_parameters()  # type: ignore[operator]
+        return
+    # Swapped in the parameter dict directly, not by setattr (which would register
+    # new parameters under FSDP's and TP's feet); the sharded ones go back untouched.
+    module._parameters.update(
+        {
+            name: nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device=p.device))
+            for name, p in sharded.items()
+        }
+    )
+    try:
+        module.reset_parameters()  # type: ignore[operator]
+        whole = dict(module.named_parameters(recurse=False))
+    finally:
+        module._parameters.update(sharded)
+    for name, param in sharded.items():
+        copy_my_shard(param, whole[name].detach())
