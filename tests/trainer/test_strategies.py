@@ -101,6 +101,15 @@ FOUR_RANK_LAYOUTS: dict[str, tuple[str, list[str]]] = {
         ["parallel.tensor=2", "parallel.pipeline=2", "training.gradAccumSteps=2"],
     ),
 }
+# The GPU path forced on CPU: built on the meta device, this rank's shards or
+# stages materialised and initialised. Initialisation is keyed by parameter
+# name, so these start from the reference's exact weights and track it.
+META = "training.metaDeviceInit=always"
+FOUR_RANK_LAYOUTS |= {
+    "fsdp_meta_init": ("llama", [META]),
+    "dp2_tp2_meta_init": ("gpt", ["parallel.tensor=2", META]),
+    "pp4_1f1b_meta_init": ("llama", ["parallel.pipeline=4", META]),
+}
 EIGHT_RANK_LAYOUTS: dict[str, tuple[str, list[str]]] = {
     "3d_2x2x2_1f1b": ("llama", ["parallel.tensor=2", "parallel.pipeline=2"]),
 }

@@ -26,6 +26,9 @@ from pydantic.alias_generators import to_camel
 
 from torchfleet_trainer import contract
 
+# A single token file; any other 'tokens' path is a directory with train.bin and val.bin.
+BIN_SUFFIX = ".bin"
+
 
 class ConfigError(ValueError):
     """A trainer config is invalid; the message names the field path."""
@@ -87,8 +90,9 @@ class ModelConfig(_Section):
     rope_theta: float = Field(10000.0, gt=0.0, description="RoPE base frequency (llama).")
     tie_embeddings: bool = Field(
         False,
-        description="Share the token embedding with the output projection. Off by default "
-        "because tied weights cannot be split across pipeline stages.",
+        description="Share the token embedding with the output projection. Off by default; "
+        "not with parallel.tensor or parallel.pipeline > 1 (tensor parallelism shards the "
+        "two differently, pipeline stages hold them on different ranks).",
     )
 
     @model_validator(mode="after")
@@ -133,6 +137,15 @@ class DataConfig(_Section):
     synthetic_tokens: int = Field(
         1_000_000, ge=1024, description="Corpus length for 'synthetic' data."
     )
+
+    @property
+    def splits_tail(self) -> bool:
+        """True when validation is the corpus's tail (valFraction applies): a text file or
+        a single .bin file. A directory brings its own val.bin; synthetic data always
+        holds some tokens out."""
+        return self.kind == "char" or (
+            self.kind == "tokens" and (self.path or "").endswith(BIN_SUFFIX)
+        )
 
     @model_validator(mode="after")
     def _check_path(self) -> Self:
@@ -191,6 +204,12 @@ class TrainingConfig(_Section):
         description="Compute precision. 'auto' is bf16 on CUDA and fp32 on CPU. Parameters "
         "and optimizer state stay fp32 (mixed precision).",
     )
+    meta_device_init: Literal["auto", "always", "never"] = Field(
+        "auto",
+        description="Build the model on the meta device and materialise only this rank's "
+        "shards: 'auto' does on CUDA and builds the whole model directly on CPU; 'always' "
+        "also on CPU (how tests cover the GPU path).",
+    )
     compile: bool = Field(False, description="torch.compile each transformer block.")
     activation_checkpointing: Literal["none", "full"] = Field(
         "none", description="Recompute each block's activations in the backward pass."
@@ -200,6 +219,13 @@ class TrainingConfig(_Section):
     )
     eval_batches: int = Field(20, ge=1, description="Batches averaged per evaluation.")
     log_interval: int = Field(10, ge=1, description="Log metrics every this many steps.")
+    max_non_finite_steps: int = Field(
+        10,
+        ge=1,
+        description="A step whose loss or gradient norm is NaN or infinite skips its "
+        "optimizer update (and any interval checkpoint); this many such steps in a row "
+        "fail the run.",
+    )
 
     @model_validator(mode="after")
     def _check_batch(self) -> Self:
@@ -367,11 +393,22 @@ class TrainConfig(_Section):
 
     @model_validator(mode="after")
     def _check_cross_fields(self) -> Self:
+        if self.training.eval_interval and self.data.val_fraction == 0 and self.data.splits_tail:
+            raise ValueError(
+                "data.valFraction: 0 leaves no validation split for evaluation "
+                f"(training.evalInterval={self.training.eval_interval}); set valFraction > 0 "
+                "or training.evalInterval=0"
+            )
         if self.data.seq_len > self.model.max_seq_len:
             raise ValueError(
                 f"data.seqLen: {self.data.seq_len} exceeds model.maxSeqLen={self.model.max_seq_len}"
             )
         tp = self.parallel.tensor
+        if self.model.tie_embeddings and (tp > 1 or self.parallel.pipeline > 1):
+            raise ValueError(
+                f"model.tieEmbeddings: cannot be used with parallel.tensor={tp} or "
+                f"parallel.pipeline={self.parallel.pipeline}; tying needs both at 1"
+            )
         if self.model.import_path is None:
             if self.model.heads % tp:
                 raise ValueError(f"parallel.tensor: {tp} does not divide model.heads")

@@ -84,7 +84,10 @@ def synthetic_corpus(config: DataConfig, vocab_size: int | None, seed: int) -> T
     return TokenCorpus(train, val, vocab)
 
 
-def load_corpus(config: DataConfig, vocab_size: int | None, seed: int) -> TokenCorpus:
+def load_corpus(
+    config: DataConfig, vocab_size: int | None, seed: int, evaluates: bool = True
+) -> TokenCorpus:
+    """The corpus; its validation split must hold a sequence when ``evaluates``."""
     if config.kind == "char":
         assert config.path is not None
         corpus = load_char_corpus(config.path, config.val_fraction)
@@ -98,9 +101,7 @@ def load_corpus(config: DataConfig, vocab_size: int | None, seed: int) -> TokenC
     else:
         corpus = synthetic_corpus(config, vocab_size, seed)
     for name in ("train", "val"):
-        if len(corpus.split(name)) <= config.seq_len + 1 and (
-            name == "train" or config.val_fraction > 0
-        ):
+        if len(corpus.split(name)) <= config.seq_len + 1 and (name == "train" or evaluates):
             raise ConfigError(
                 f"data.path: the {name} split has {len(corpus.split(name))} tokens, fewer "
                 f"than data.seqLen+1={config.seq_len + 1}"

@@ -19,12 +19,15 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from torchfleet_trainer import contract
 from torchfleet_trainer.config import ConfigError, TrainConfig
-from torchfleet_trainer.train import run_worker
+from torchfleet_trainer.train import TrainingDiverged, run_worker
 
 EXIT_CONFIG = 2
 # 128 + SIGTERM, as a shell reports a terminated process: the gang was
 # preempted after saving, which is not success.
 EXIT_PREEMPTED = 143
+# Too many consecutive non-finite steps (training.maxNonFiniteSteps): a
+# permanent failure under the operator's ExitCode policy.
+EXIT_DIVERGED = 3
 
 
 def launch(
@@ -35,14 +38,14 @@ def launch(
         pod = contract.PodContract.from_env(env)
         if contract.RANK in env and contract.WORLD_SIZE in env:
             config.check_world(int(env[contract.WORLD_SIZE]))
-            return exit_code(run_worker(config).status)
+            return train(config)
         nproc = nproc_per_node or pod.nproc_per_node
         config.check_world(pod.nnodes * nproc)
     except (ConfigError, contract.ContractError) as err:
         print(f"torchfleet-train: {err}", file=sys.stderr)
         return EXIT_CONFIG
     if pod.nnodes * nproc == 1:
-        return exit_code(run_worker(config).status)
+        return train(config)
     launch_config = LaunchConfig(
         min_nodes=pod.nnodes,
         max_nodes=pod.nnodes,
@@ -98,6 +101,15 @@ def child_failure_exit_code(codes: list[int], first: int) -> int:
 
 def _shell_code(code: int) -> int:
     return 128 - code if code < 0 else code
+
+
+def train(config: TrainConfig) -> int:
+    """Trains in this process; the exit code its outcome calls for."""
+    try:
+        return exit_code(run_worker(config).status)
+    except TrainingDiverged as err:
+        print(f"torchfleet-train: {err}", file=sys.stderr)
+        return EXIT_DIVERGED
 
 
 def exit_code(status: str) -> int:

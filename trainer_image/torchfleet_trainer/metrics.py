@@ -7,7 +7,7 @@ import sys
 import time
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from torchfleet_trainer import contract
 
@@ -57,6 +57,11 @@ class TrainMetrics:
         )
         self.checkpoint_load_seconds = gauge(
             "torchfleet_checkpoint_load_seconds", "Time taken to load the resumed checkpoint."
+        )
+        self.non_finite_steps = Counter(
+            "torchfleet_train_non_finite_steps",
+            "Steps whose loss or gradient norm was NaN or infinite (their update was skipped).",
+            registry=self.registry,
         )
         self.port: int | None = None
 

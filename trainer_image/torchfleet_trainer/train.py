@@ -7,6 +7,7 @@ import math
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -25,6 +26,12 @@ from torchfleet_trainer.distributed.parallel_dims import ParallelDims
 from torchfleet_trainer.distributed.parallelize import ParallelModel, parallelize
 from torchfleet_trainer.metrics import TrainMetrics, flops_per_token, log_json
 from torchfleet_trainer.models import build_model
+from torchfleet_trainer.models.meta_init import (
+    initialise,
+    materialise,
+    needs_reference_buffers,
+    reference_buffers,
+)
 from torchfleet_trainer.schedule import lr_at
 
 H100_BF16_TFLOPS = 989.0
@@ -87,6 +94,14 @@ def pick_dtype(config: TrainConfig, device: torch.device) -> torch.dtype:
     if precision == "auto":
         precision = "bf16" if device.type == "cuda" else "fp32"
     return torch.bfloat16 if precision == "bf16" else torch.float32
+
+
+def uses_meta_init(config: TrainConfig, device: torch.device) -> bool:
+    """On GPUs build on the meta device and materialise only this rank's shards; on
+    CPU build the whole model unless told otherwise, so every layout starts from
+    bit-identical weights."""
+    wanted = config.training.meta_device_init
+    return wanted == "always" or (wanted == "auto" and device.type == "cuda")
 
 
 def build_runtime(config: TrainConfig, distributed: bool = True) -> Runtime:
@@ -177,7 +192,9 @@ class Trainer:
         self.runtime = runtime
         self.metrics = metrics
         training = config.training
-        self.corpus = load_corpus(config.data, config.model.vocab_size, training.seed)
+        self.corpus = load_corpus(
+            config.data, config.model.vocab_size, training.seed, training.eval_interval > 0
+        )
         vocab = config.model.vocab_size or self.corpus.vocab_size
         self.model = self._build_model(vocab)
         self.optimizers = make_optimizers(self.model.parts, config)
@@ -191,6 +208,7 @@ class Trainer:
             self.dp_degree,
         )
         self.stop = StopFlag()
+        self.non_finite = NonFiniteGuard(training.max_non_finite_steps, metrics, self.log)
         ckpt_dir = resolve_checkpoint_dir(config)
         self.checkpointer = (
             Checkpointer(
@@ -207,13 +225,15 @@ class Trainer:
     def _build_model(self, vocab: int) -> ParallelModel:
         cfg, runtime = self.config, self.runtime
         torch.manual_seed(cfg.training.seed)
-        # On GPUs build on the meta device and materialise only this rank's
-        # shards; on CPU build the full model so every layout starts from
-        # bit-identical weights.
-        init_device = torch.device("meta") if runtime.device.type == "cuda" else runtime.device
-        with init_device:
+        meta = uses_meta_init(cfg, runtime.device)
+        with torch.device("meta") if meta else runtime.device:
             model = build_model(cfg.model, vocab)
-        if init_device.type != "meta":
+        reference: dict[str, torch.Tensor] = {}
+        if meta and needs_reference_buffers(model):
+            reference = reference_buffers(cfg.model, vocab)
+        if not meta:
+            # Re-seeded as the meta path is, so both give the same weights.
+            torch.manual_seed(cfg.training.seed)
             _init_weights(model)
         self.flops_per_token = flops_per_token(
             sum(p.numel() for n, p in model.named_parameters() if "embeddings" not in n),
@@ -222,10 +242,11 @@ class Trainer:
             cfg.data.seq_len,
         )
         parallel = parallelize(model, cfg, runtime.dims, runtime.device, runtime.dtype)
-        if init_device.type == "meta":
+        if meta:
+            pp_rank = runtime.dims.rank_in("pp") if runtime.dims else 0
             for part in parallel.parts:
-                part.to_empty(device=runtime.device)
-                _init_weights(part)
+                materialise(part, runtime.device)
+                initialise(part, reference, cfg.training.seed, pp_rank)
         return parallel
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -260,6 +281,19 @@ class Trainer:
         start = self.resume()
         result = RunResult("completed", start, start)
         self.model.train()
+        try:
+            self._loop(start, result)
+        except TrainingDiverged:
+            # Every rank stops at the same step; a save in flight holds good weights.
+            if self.checkpointer:
+                self.checkpointer.wait()
+            raise
+        if self.checkpointer:
+            self.checkpointer.wait()
+        return result
+
+    def _loop(self, start: int, result: RunResult) -> None:
+        cfg = self.config.training
         for step in range(start + 1, cfg.steps + 1):
             began = time.perf_counter()
             lr = lr_at(step, self.config)
@@ -284,34 +318,36 @@ class Trainer:
                     )
                 loss += micro / cfg.grad_accum_steps
             grad_norm = clip_grad_norm(self.model, self.config.optimizer.grad_clip, self.runtime)
-            for opt in self.optimizers:
-                opt.step()
-            record = {"step": step, "loss": mean_over_data_parallel(loss, self.runtime)}
+            mean_loss = mean_over_data_parallel(loss, self.runtime)
+            # Both values are reduced over every rank, so all ranks decide alike.
+            finite = math.isfinite(mean_loss) and math.isfinite(grad_norm)
+            if finite:
+                for opt in self.optimizers:
+                    opt.step()
+            record = {"step": step, "loss": mean_loss}
             record.update(lr=lr, grad_norm=grad_norm, step_seconds=time.perf_counter() - began)
             result.history.append(record)
             result.last_step = step
             self._report(record)
+            self.non_finite.observe(step, finite, mean_loss, grad_norm)
             if cfg.eval_interval and (step % cfg.eval_interval == 0 or step == cfg.steps):
                 result.eval_losses[step] = self.evaluate(step)
             if self.checkpointer:
                 self.checkpointer.poll()
             stopping = self.stop.agreed(self.runtime)
-            if self._should_save(step, stopping):
+            if self._should_save(step, stopping, finite):
                 self.save(step, final=stopping or step == cfg.steps)
             if stopping:
                 result.status = "preempted"
                 self.log("preempted", step=step)
                 break
-        if self.checkpointer:
-            self.checkpointer.wait()
-        return result
 
     def _batch(self, split: str, global_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         inputs, targets = self.sampler.next_batch(split, global_rows)  # type: ignore[arg-type]
         device = self.runtime.device
         return inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
 
-    def _should_save(self, step: int, stopping: bool) -> bool:
+    def _should_save(self, step: int, stopping: bool, finite: bool) -> bool:
         if self.checkpointer is None:
             return False
         ckpt = self.config.checkpoint
@@ -319,7 +355,9 @@ class Trainer:
             return ckpt.save_on_sigterm
         if step == self.config.training.steps:
             return ckpt.save_final
-        return step % ckpt.interval == 0
+        # A skipped step left the weights as they were: saving them again under a
+        # new step would only push older good checkpoints out of keepLast.
+        return finite and step % ckpt.interval == 0
 
     def save(self, step: int, final: bool) -> None:
         assert self.checkpointer is not None
@@ -384,15 +422,59 @@ class Trainer:
 
     def log(self, event: str, **fields: Any) -> None:
         if self.runtime.is_logger and self.config.metrics.json_logs:
-            clean = {
-                k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v)
-                for k, v in fields.items()
-            }
+            clean = {k: _loggable(v) for k, v in fields.items()}
             log_json(event, **clean)
 
 
+def _loggable(value: Any) -> Any:
+    """Floats rounded; NaN and infinities as strings, which strict JSON parsers accept."""
+    if not isinstance(value, float):
+        return value
+    return round(value, 6) if math.isfinite(value) else str(value)
+
+
+class TrainingDiverged(RuntimeError):
+    """Too many consecutive steps had a non-finite loss or gradient norm."""
+
+
+class NonFiniteGuard:
+    """Counts steps skipped for a NaN/inf loss or gradient norm; fails the run after
+    ``limit`` in a row (``training.maxNonFiniteSteps``)."""
+
+    def __init__(self, limit: int, metrics: TrainMetrics | None, log: Callable[..., None]) -> None:
+        self.limit = limit
+        self.metrics = metrics
+        self.log = log
+        self.consecutive = 0
+        self.total = 0
+
+    def observe(self, step: int, finite: bool, loss: float, grad_norm: float) -> None:
+        if finite:
+            self.consecutive = 0
+            return
+        self.consecutive += 1
+        self.total += 1
+        if self.metrics:
+            self.metrics.non_finite_steps.inc()
+        self.log(
+            "non_finite_step",
+            step=step,
+            loss=loss,
+            grad_norm=grad_norm,
+            consecutive=self.consecutive,
+            total=self.total,
+        )
+        if self.consecutive >= self.limit:
+            raise TrainingDiverged(
+                f"training.maxNonFiniteSteps: {self.consecutive} consecutive steps (up to step "
+                f"{step}) had a non-finite loss or gradient norm (loss={loss}, grad norm="
+                f"{grad_norm}); their updates were skipped and the run stops"
+            )
+
+
 def _init_weights(model: nn.Module) -> None:
-    """Built-in models initialise themselves; user models keep their own init."""
+    """A direct build: built-in models initialise themselves; user models' constructors
+    already did."""
     init = getattr(model, "init_weights", None)
     if callable(init):
         init()

@@ -11,13 +11,12 @@ from __future__ import annotations
 import sys
 
 from torchfleet_trainer.config import TrainConfig
-from torchfleet_trainer.launch import exit_code
-from torchfleet_trainer.train import run_worker
+from torchfleet_trainer.launch import train
 
 
 def main() -> int:
     config = TrainConfig.model_validate_json(sys.argv[1])
-    return exit_code(run_worker(config).status)
+    return train(config)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from torchfleet_trainer.config import (
+    BIN_SUFFIX,
     DataConfig,
     ModelConfig,
     ParallelConfig,
@@ -101,7 +102,9 @@ def _config_rules() -> list[dict[str, str]]:
     per_rank = or_default("self.?parallel", ParallelConfig, "stages_per_rank")
     stages = f"({pipeline} * ({schedule} == 'interleaved_1f1b' ? {per_rank} : 1))"
     builtin = "!has(self.model) || !has(self.model.importPath)"
+    tied = or_default("self.?model", ModelConfig, "tie_embeddings")
     return [
+        _val_split_rule(),
         _rule(
             f"{seq_len} <= {max_seq}",
             "trainer.data.seqLen must not exceed model.maxSeqLen",
@@ -113,11 +116,33 @@ def _config_rules() -> list[dict[str, str]]:
             ".parallel",
         ),
         _rule(
+            f"!{tied} || ({tensor} == 1 && {pipeline} == 1)",
+            "trainer.model.tieEmbeddings cannot be used with parallel.tensor or "
+            "parallel.pipeline > 1",
+            ".model",
+        ),
+        _rule(
             f"{stages} <= {layers}",
             "trainer.parallel: pipeline stages (pipeline x stagesPerRank) exceed model.layers",
             ".parallel",
         ),
     ]
+
+
+def _val_split_rule() -> dict[str, str]:
+    """Mirrors ``DataConfig.splits_tail``: valFraction 0 leaves a text file or a single
+    .bin file without a validation split, which evaluation needs."""
+    evaluates = f"{or_default('self.?training', TrainingConfig, 'eval_interval')} > 0"
+    kind = or_default("self.?data", DataConfig, "kind")
+    path = "self.?data.?path.orValue('')"
+    splits_tail = f"({kind} == 'char' || ({kind} == 'tokens' && {path}.endsWith('{BIN_SUFFIX}')))"
+    empty = f"{or_default('self.?data', DataConfig, 'val_fraction')} == 0.0"
+    return _rule(
+        f"!({evaluates} && {empty} && {splits_tail})",
+        "trainer.data.valFraction 0 leaves no validation split for evaluation: set "
+        "valFraction > 0 or training.evalInterval 0",
+        ".data",
+    )
 
 
 def trainer_rules() -> dict[tuple[str, ...], list[dict[str, str]]]:

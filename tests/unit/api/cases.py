@@ -438,6 +438,21 @@ INVALID: tuple[Invalid, ...] = (
         says="gradAccumSteps",
     ),
     _case(
+        "trainer-eval-without-validation-split",
+        "spec.trainer",
+        nested("trainer.data", {"kind": "char", "path": "in.txt", "valFraction": 0}),
+        says="valFraction",
+    ),
+    _case(
+        "trainer-tied-embeddings-with-pipeline",
+        "spec.trainer",
+        merge(
+            nested("worker.replicas", 1),
+            nested("trainer", {"model": {"tieEmbeddings": True}, "parallel": {"pipeline": 2}}),
+        ),
+        says="tieEmbeddings",
+    ),
+    _case(
         "trainer-seq-len-beyond-model",
         "spec.trainer",
         nested("trainer", {"data": {"seqLen": 512}, "model": {"maxSeqLen": 256}}),

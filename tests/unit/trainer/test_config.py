@@ -56,11 +56,42 @@ def test_config_module_imports_without_torch() -> None:
         (["training.bogus=1"], "training.bogus: Extra inputs are not permitted"),
         (["training.globalBatchSize=10", "training.gradAccumSteps=3"], "training.globalBatchSize"),
         (["parallel.pipelineSchedule=zigzag"], "parallel.pipelineSchedule: Input should be"),
+        (
+            ["data.kind=char", "data.path=in.txt", "data.valFraction=0"],
+            "data.valFraction: 0 leaves no validation split for evaluation",
+        ),
+        (
+            ["data.kind=tokens", "data.path=all.bin", "data.valFraction=0"],
+            "data.valFraction: 0 leaves no validation split",
+        ),
+        (["training.maxNonFiniteSteps=0"], "training.maxNonFiniteSteps: Input should be"),
+        (
+            ["model.tieEmbeddings=true", "parallel.tensor=2"],
+            "model.tieEmbeddings: cannot be used with parallel.tensor=2",
+        ),
+        (
+            ["model.tieEmbeddings=true", "parallel.pipeline=2"],
+            "model.tieEmbeddings: cannot be used with parallel.tensor=1 or parallel.pipeline=2",
+        ),
     ],
 )
 def test_bad_config_names_the_field(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config(overrides=overrides, env={})
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        # No evaluation, nothing to hold out.
+        ["data.kind=char", "data.path=in.txt", "data.valFraction=0", "training.evalInterval=0"],
+        # A directory brings its own val.bin; synthetic data always holds some out.
+        ["data.kind=tokens", "data.path=/data/corpus", "data.valFraction=0"],
+        ["data.valFraction=0"],
+    ],
+)
+def test_val_fraction_zero_is_fine_where_validation_has_data(overrides: list[str]) -> None:
+    assert load_config(overrides=overrides, env={}).data.val_fraction == 0
 
 
 def test_degrees_must_multiply_to_world_size() -> None:

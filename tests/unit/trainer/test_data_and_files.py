@@ -121,3 +121,12 @@ def test_launch_refuses_degrees_that_do_not_fit_the_pod(capsys: pytest.CaptureFi
     assert "parallel: world size 3 is not divisible" in capsys.readouterr().err
     assert launch(config, env={contract.MASTER_PORT: "http"}) == EXIT_CONFIG
     assert f"{contract.MASTER_PORT} must be an integer" in capsys.readouterr().err
+
+
+def test_an_empty_validation_split_is_an_error_only_when_evaluating(tmp_path: Path) -> None:
+    # A single token file not named .bin passes config validation; loading catches it.
+    np.arange(1000, dtype=np.uint16).tofile(tmp_path / "tokens.dat")
+    config = DataConfig(kind="tokens", path=str(tmp_path / "tokens.dat"), val_fraction=0, seq_len=8)
+    assert len(load_corpus(config, 1000, 0, evaluates=False).val) == 0
+    with pytest.raises(ConfigError, match=r"data\.path: the val split has 0 tokens"):
+        load_corpus(config, 1000, 0, evaluates=True)

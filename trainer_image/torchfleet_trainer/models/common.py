@@ -10,11 +10,13 @@ about parallelism.
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 
 class Attention(nn.Module):
@@ -79,6 +81,40 @@ def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     return rotated.flatten(-2).type_as(x)
 
 
+# Prefix activation checkpointing's wrapper adds to module names (the value of
+# torch's _CHECKPOINT_PREFIX, which is private).
+_CHECKPOINT_PREFIX = "_checkpoint_wrapped_module."
+
+
+def plain_name(name: str) -> str:
+    """A parameter or buffer name as in the plain model, wrappers' prefixes removed."""
+    return name.replace(_CHECKPOINT_PREFIX, "")
+
+
+def normal_by_name(param: torch.Tensor, std: float, seed: int, name: str) -> None:
+    """Fills ``param`` from N(0, std) drawn by a generator keyed by (seed, name)."""
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    generator = torch.Generator(device=param.device).manual_seed(
+        int.from_bytes(digest[:8], "little") >> 1
+    )
+    if not isinstance(param, DTensor):
+        param.normal_(0.0, std, generator=generator)
+        return
+    whole = torch.empty(param.shape, dtype=param.dtype, device=param.device)
+    whole.normal_(0.0, std, generator=generator)
+    copy_my_shard(param, whole)
+
+
+def copy_my_shard(param: torch.Tensor, whole: torch.Tensor) -> None:
+    """Copies into ``param`` its part of ``whole``, which every rank holds alike
+    (so each cuts its own shard, without communication)."""
+    if not isinstance(param, DTensor):
+        param.copy_(whole)
+        return
+    mine = distribute_tensor(whole, param.device_mesh, param.placements, src_data_rank=None)
+    param.to_local().copy_(mine.to_local())
+
+
 def blocks_of(model: nn.Module) -> nn.ModuleDict | None:
     """The model's blocks when it follows the Decoder layout (``layers`` ModuleDict)."""
     layers = getattr(model, "layers", None)
@@ -121,17 +157,25 @@ class Decoder(nn.Module):
 
     @torch.no_grad()
     def init_weights(self, std: float = 0.02) -> None:
-        """GPT-2 initialisation: N(0, 0.02), residual projections scaled by depth."""
+        """GPT-2 initialisation: N(0, 0.02), residual projections scaled by depth.
+
+        Each matrix draws from a generator of its own, seeded from the global
+        seed (``torch.initial_seed()``) and its name, so it gets the same values
+        in every layout: in the whole model, in a pipeline stage holding only
+        some layers, or as an FSDP/TP shard (the whole matrix is drawn and this
+        rank keeps its shard).
+        """
         residual_std = std / math.sqrt(2 * self.depth)
-        for name, param in self.named_parameters():
+        seed = torch.initial_seed()
+        for wrapped_name, param in self.named_parameters():
+            name = plain_name(wrapped_name)
             if name.endswith("bias"):
                 nn.init.zeros_(param)
             elif "norm" in name:
                 nn.init.ones_(param)
-            elif name.endswith(("wo.weight", "w2.weight")):
-                nn.init.normal_(param, mean=0.0, std=residual_std)
             else:
-                nn.init.normal_(param, mean=0.0, std=std)
+                spread = residual_std if name.endswith(("wo.weight", "w2.weight")) else std
+                normal_by_name(param, spread, seed, name)
         self.init_buffers()
 
     def init_buffers(self) -> None:
