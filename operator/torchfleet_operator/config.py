@@ -44,6 +44,11 @@ class OperatorConfig:
     pod_event_batch_seconds: float = 1.0
     # Every job is reconciled at least this often, whatever the events say.
     resync_seconds: float = 300.0
+    # Leader election (with --leader-elect): client-go's defaults. A leader
+    # that cannot renew for the deadline exits; a standby takes an expired lease.
+    lease_duration_seconds: int = 15
+    lease_renew_deadline_seconds: float = 10.0
+    lease_retry_period_seconds: float = 2.0
     # Concurrent reconciles, and concurrent API calls within one reconcile.
     workers: int = 8
     api_concurrency: int = 16

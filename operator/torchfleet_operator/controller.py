@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +22,7 @@ from torchfleet_operator import metrics
 from torchfleet_operator.build.names import checkpoint_claim_name
 from torchfleet_operator.config import OperatorConfig
 from torchfleet_operator.kube import Executor
+from torchfleet_operator.leader import LeaderElector
 from torchfleet_operator.metrics import JobKey
 from torchfleet_operator.observed import Observed, ObservedNode, ObservedPod
 from torchfleet_operator.policy.admission import KueueView
@@ -66,6 +68,13 @@ class _Expectations:
     held: dict[str, float] = field(default_factory=dict)  # refused child name -> retry time
 
 
+def _abdicate() -> None:
+    """Lost the lease: stop at once, as controller-runtime does. A pass in flight
+    could otherwise still write after another replica took over."""
+    logging.shutdown()
+    os._exit(1)
+
+
 def _first(collection: Iterable[Any] | None) -> Any:
     return next(iter(collection or ()), None)
 
@@ -77,8 +86,12 @@ class Controller:
         executor: Executor,
         default_image: str,
         default_shm_size: str | None = None,
+        leader: LeaderElector | None = None,
     ) -> None:
         self.config = config
+        # Without an elector this replica leads from the start (one replica).
+        self.leader = leader
+        self.leading = asyncio.Event()
         self.executor = executor
         self.default_image = default_image
         self.default_shm_size = default_shm_size
@@ -115,8 +128,22 @@ class Controller:
             self._last_status.pop(uid, None)
 
     def start(self) -> None:
+        """Workers start at once but pass nothing until this replica leads; kopf's
+        caches fill either way, so a standby that takes over starts warm."""
         for number in range(self.config.workers):
             self._tasks.append(asyncio.create_task(self._work(), name=f"reconciler-{number}"))
+        if self.leader is None:
+            self._lead()
+        else:
+            self._tasks.append(
+                asyncio.create_task(self.leader.run(self._lead, _abdicate), name="leader")
+            )
+
+    def _lead(self) -> None:
+        metrics.LEADER.set(1)
+        self.leading.set()
+        for key in list(self.caches.jobs):  # whatever happened while standing by
+            self.enqueue(key)
         if self.config.resync_seconds > 0:
             self._tasks.append(asyncio.create_task(self._resync(), name="resync"))
         if self.config.progress_interval_seconds > 0:
@@ -129,7 +156,11 @@ class Controller:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self.queue.shutdown()
-        self._passes.shutdown(wait=False, cancel_futures=True)
+        if self.leader is None:
+            self._passes.shutdown(wait=False, cancel_futures=True)
+        else:  # hand over only once no pass of ours can still write
+            await asyncio.to_thread(self._passes.shutdown, True, cancel_futures=True)
+            await asyncio.to_thread(self.leader.release)
         self.executor.close()
 
     async def _resync(self) -> None:
@@ -139,6 +170,7 @@ class Controller:
                 self.enqueue(key)
 
     async def _work(self) -> None:
+        await self.leading.wait()
         while True:
             key = await self.queue.get()
             metrics.QUEUE_DEPTH.set(len(self.queue))

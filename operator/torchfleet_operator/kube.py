@@ -106,8 +106,9 @@ def collection_path(api_version: str, kind: str, namespace: str) -> str:
 class RawApi:
     """JSON in, JSON out over the client's REST layer; non-2xx raises ApiException."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, counted: bool = True) -> None:
         self.api = api
+        self.counted = counted  # in torchfleet_operator_api_requests_total
 
     def request(
         self,
@@ -125,7 +126,8 @@ class RawApi:
             header_params={"Accept": "application/json", "Content-Type": content_type},
             auth_settings=["BearerToken"],
         )
-        metrics.API_REQUESTS.labels(verb=method).inc()
+        if self.counted:
+            metrics.API_REQUESTS.labels(verb=method).inc()
         response = self.api.call_api(method, url, headers, body=body, _request_timeout=30)
         response.read()
         if not 200 <= response.status <= 299:

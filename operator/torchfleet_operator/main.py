@@ -2,7 +2,8 @@
 
 Watches every namespace by default (``--namespace`` narrows it), runs
 standalone (no kopf peering) unless ``--peering`` names a peering object,
-serves kopf's liveness probe and the operator's Prometheus metrics.
+serves kopf's liveness probe and the operator's Prometheus metrics. With
+``--leader-elect`` several replicas run and one (the Lease holder) reconciles.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import asyncio
 import dataclasses
 import logging
 import os
+import socket
 import sys
+import uuid
 from collections.abc import Sequence
 
 import kopf
@@ -21,6 +24,7 @@ from torchfleet_operator import metrics
 from torchfleet_operator.config import OperatorConfig
 from torchfleet_operator.controller import Controller
 from torchfleet_operator.kube import Executor, make_api_client
+from torchfleet_operator.leader import ElectionTiming, LeaderElector
 
 DEFAULT_IMAGE = "ghcr.io/torchfleet/trainer:0.1.0"
 
@@ -78,6 +82,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "(default: $TORCHFLEET_OPERATOR_NODE_LOSS_FORCE_DELETE_SECONDS, else 60)",
     )
     parser.add_argument(
+        "--leader-elect",
+        action="store_true",
+        default=os.environ.get("TORCHFLEET_OPERATOR_LEADER_ELECT", "").lower() in ("1", "true"),
+        help="run as one of several replicas: only the holder of a coordination.k8s.io "
+        "Lease reconciles; the others keep warm caches and take over when it expires",
+    )
+    parser.add_argument(
+        "--leader-elect-namespace",
+        default=os.environ.get("POD_NAMESPACE", "default"),
+        help="namespace of the leader Lease (default: $POD_NAMESPACE, the operator's own)",
+    )
+    parser.add_argument(
+        "--leader-elect-name",
+        default=os.environ.get("TORCHFLEET_OPERATOR_LEASE_NAME", "torchfleet-operator"),
+        help="name of the leader Lease",
+    )
+    parser.add_argument(
         "--log-level", default=os.environ.get("TORCHFLEET_OPERATOR_LOG_LEVEL", "INFO")
     )
     return parser.parse_args(argv)
@@ -95,6 +116,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             config = dataclasses.replace(
                 config, node_loss_force_delete_seconds=args.node_loss_grace_seconds
             )
+        timing = ElectionTiming(
+            config.lease_duration_seconds,
+            config.lease_renew_deadline_seconds,
+            config.lease_retry_period_seconds,
+        )
     except ValueError as exc:
         print(f"torchfleet-operator: {exc}", file=sys.stderr)
         return 2
@@ -105,11 +131,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     # kopf's own client reads the same kubeconfig.
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
+    leader = None
+    if args.leader_elect:
+        leader = LeaderElector(
+            api,
+            args.leader_elect_namespace,
+            args.leader_elect_name,
+            f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
+            timing,
+        )
     controller = Controller(
         config,
         Executor(api, config.api_concurrency),
         args.trainer_image,
         args.default_shm_size,
+        leader,
     )
     if args.metrics_port:
         metrics.serve(args.metrics_port, args.health_address)

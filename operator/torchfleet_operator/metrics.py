@@ -60,6 +60,11 @@ TASK_RESTARTS = Counter(
     ["task"],
 )
 
+LEADER = Gauge(
+    "torchfleet_operator_leader",
+    "1 while this replica holds the leader Lease (or runs without leader election), else 0",
+)
+
 
 JobKey = tuple[str, str]  # (namespace, name)
 
