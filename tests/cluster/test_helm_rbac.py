@@ -110,6 +110,11 @@ def test_operator_with_only_the_charts_service_account_runs_a_job_lifecycle(
     values = {"operator.watchNamespaces": [watched]} if mode == "namespaced" else {}
     release = helm_release(system, values)
     kubeconfig = service_account_kubeconfig(cluster, release, tmp_path / "operator.kubeconfig")
+    deployment = json.loads(
+        cluster.kubectl("get", "deployments", "-n", system, "-o", "json").stdout
+    )["items"][0]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    lease = next(a.split("=", 1)[1] for a in args if a.startswith("--leader-elect-name="))
 
     # What the account may and may not do, as the apiserver's authorizer says.
     question: tuple[str, ...]
@@ -122,6 +127,9 @@ def test_operator_with_only_the_charts_service_account_runs_a_job_lifecycle(
         ("create", "events", "-n", watched),
         ("create", "persistentvolumeclaims", "-n", watched),
         ("watch", "nodes"),
+        ("get", f"leases.coordination.k8s.io/{lease}", "-n", system),
+        ("update", f"leases.coordination.k8s.io/{lease}", "-n", system),
+        ("create", "leases.coordination.k8s.io", "-n", system),
     ):
         assert can_i(cluster, kubeconfig, *question), question
     for group in ("scheduling.x-k8s.io", "scheduling.volcano.sh"):
@@ -142,6 +150,9 @@ def test_operator_with_only_the_charts_service_account_runs_a_job_lifecycle(
         ("impersonate", "serviceaccounts", "-n", watched),
         ("delete", "namespaces"),
         ("delete", "nodes"),
+        ("update", "leases.coordination.k8s.io/someone-elses", "-n", system),
+        ("delete", f"leases.coordination.k8s.io/{lease}", "-n", system),
+        ("create", "leases.coordination.k8s.io", "-n", watched),
     ):
         assert not can_i(cluster, kubeconfig, *question), question
     confined = mode == "namespaced"
@@ -159,7 +170,16 @@ def test_operator_with_only_the_charts_service_account_runs_a_job_lifecycle(
     if another_operator_answers(job_driver, other, "elsewhere"):
         pytest.skip("another operator reconciles TrainingJobs on this cluster right now")
 
-    operator = operator_factory(kubeconfig=kubeconfig, namespaces=[watched] if confined else [])
+    # Electing on the chart's Lease, as the chart runs it: it leads (and so
+    # reconciles) only if the Lease grants are enough.
+    election = {
+        "TORCHFLEET_OPERATOR_LEADER_ELECT": "true",
+        "POD_NAMESPACE": system,
+        "TORCHFLEET_OPERATOR_LEASE_NAME": lease,
+    }
+    operator = operator_factory(
+        kubeconfig=kubeconfig, env=election, namespaces=[watched] if confined else []
+    )
     job_driver.create(watched, "llm", JOB_SPEC)
     job_driver.wait_running_pods(watched, "llm", 2, timeout=WAIT)
     job_driver.fail_pod(watched, "llm-worker-0", exit_code=137)  # retryable: a gang restart

@@ -175,6 +175,10 @@ TORCHFLEET_OPERATOR_* variables its OperatorConfig reads by that prefix.
 - --health-port={{ .Values.operator.healthPort }}
 - --metrics-port={{ .Values.operator.metricsPort }}
 - --trainer-image={{ include "torchfleet.defaultTrainerImage" . }}
+{{- if .Values.operator.leaderElection }}
+- --leader-elect
+- --leader-elect-name={{ include "torchfleet.leaseName" . }}
+{{- end }}
 {{- /* No --namespace flag means every namespace. */}}
 {{- range (include "torchfleet.watchNamespaces" . | fromJsonArray) }}
 - --namespace={{ . }}
@@ -193,4 +197,18 @@ TORCHFLEET_OPERATOR_* variables its OperatorConfig reads by that prefix.
 - name: TORCHFLEET_OPERATOR_NODE_LOSS_FORCE_DELETE_SECONDS
   value: {{ $defaults.nodeLossGraceSeconds | quote }}
 {{- end }}
+{{- if .Values.operator.leaderElection }}
+{{- /* The leader Lease lives in the operator's own namespace. */}}
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+{{- end }}
+{{- end }}
+
+{{/*
+The leader election Lease: one per release, in the release namespace.
+*/}}
+{{- define "torchfleet.leaseName" -}}
+{{ include "torchfleet.fullname" . }}-operator
 {{- end }}

@@ -25,8 +25,11 @@ def env_of(container: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e["value"] for e in container["env"] if "value" in e}
 
 
-def test_a_single_operator_is_replaced_never_rolled(helm: Helm) -> None:
-    spec = find_object(helm.template(), "Deployment")["spec"]
+def test_a_single_operator_without_leader_election_is_replaced_never_rolled(helm: Helm) -> None:
+    # Two standalone replicas would both reconcile every job (leader election
+    # is on by default: test_rbac.py::test_replicas_and_leader_election).
+    objects = helm.template(set_values={"operator.leaderElection": False})
+    spec = find_object(objects, "Deployment")["spec"]
     assert spec["replicas"] == 1
     assert spec["strategy"] == {"type": "Recreate"}
 

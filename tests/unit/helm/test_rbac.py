@@ -45,6 +45,9 @@ CLUSTER_GRANTS = (
     | _grants("kueue.x-k8s.io", resources=("resourceflavors",), verbs="list watch")
     | _grants("scheduling.k8s.io", resources=("priorityclasses",), verbs="list watch")
 )
+# Leader election, in the release namespace only: its one Lease read and
+# renewed by name, created once (create cannot be limited to a name).
+LEASE_GRANTS = _grants("coordination.k8s.io", resources=("leases",), verbs="get update create")
 # Namespaced mode only: kopf resolves its --namespace list by watching them.
 NAMESPACE_GRANTS = _grants("", resources=("namespaces",), verbs="list watch")
 
@@ -70,13 +73,37 @@ def grants_of(rules: list[dict[str, Any]]) -> set[Grant]:
     }
 
 
+def assert_leader_election_role(objects: list[dict[str, Any]], role: dict[str, Any]) -> None:
+    """The Lease grants, for the Lease the operator is told to use, bound to its account."""
+    assert role["metadata"]["namespace"] == RELEASE_NAMESPACE
+    assert grants_of(role["rules"]) == LEASE_GRANTS
+    container = find_object(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    lease = next(
+        a.split("=", 1)[1] for a in container["args"] if a.startswith("--leader-elect-name=")
+    )
+    for rule in role["rules"]:
+        names = rule.get("resourceNames")
+        assert names == [lease] if set(rule["verbs"]) != {"create"} else names is None, rule
+    binding = next(
+        b
+        for b in find_objects(objects, "RoleBinding")
+        if b["roleRef"]["name"] == role["metadata"]["name"]
+    )
+    account = find_object(objects, "ServiceAccount")["metadata"]["name"]
+    assert binding["metadata"]["namespace"] == RELEASE_NAMESPACE
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account, "namespace": RELEASE_NAMESPACE}
+    ]
+
+
 def test_cluster_wide_mode_grants_exactly_what_the_operator_uses(helm: Helm) -> None:
     objects = helm.template()
     cluster_role = find_object(objects, "ClusterRole")
     expected = CLUSTER_GRANTS | NAMESPACED_GRANTS | set().union(*PODGROUP_GRANTS.values())
     assert grants_of(cluster_role["rules"]) == expected
-    assert not find_objects(objects, "Role")
-    assert not find_objects(objects, "RoleBinding")
+    # The one Role: leader election's, where the operator runs.
+    (lease_role,) = find_objects(objects, "Role")
+    assert_leader_election_role(objects, lease_role)
 
     binding = find_object(objects, "ClusterRoleBinding")
     assert binding["roleRef"] == {
@@ -102,13 +129,20 @@ def test_namespaced_mode_confines_namespaced_grants_to_watched_namespaces(helm: 
     # ci/namespaced-values.yaml: team-a, team-b (team-a listed twice), Volcano only.
     objects = helm.template([CI_VALUES / "namespaced-values.yaml"])
     roles = find_objects(objects, "Role")
+    lease_role = next(r for r in roles if r["metadata"]["namespace"] == RELEASE_NAMESPACE)
+    assert_leader_election_role(objects, lease_role)
+    roles = [r for r in roles if r is not lease_role]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for role in roles:
         assert (
             grants_of(role["rules"]) == NAMESPACED_GRANTS | PODGROUP_GRANTS["scheduling.volcano.sh"]
         )
 
-    bindings = find_objects(objects, "RoleBinding")
+    bindings = [
+        b
+        for b in find_objects(objects, "RoleBinding")
+        if b["roleRef"]["name"] != lease_role["metadata"]["name"]
+    ]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     account = find_object(objects, "ServiceAccount")["metadata"]["name"]
     for binding in bindings:
@@ -183,3 +217,32 @@ def test_an_existing_service_account_must_be_named(helm: Helm) -> None:
     out = helm.run(*helm.template_args(set_values={"serviceAccount.create": False}), check=False)
     assert out.returncode != 0
     assert "serviceAccount.name is required" in out.stderr
+
+
+@pytest.mark.parametrize(
+    "values, strategy, elects, budget",
+    [
+        pytest.param({}, "RollingUpdate", True, False, id="default: one replica, electing"),
+        pytest.param({"operator.replicas": 2}, "RollingUpdate", True, True, id="two replicas"),
+        pytest.param({"operator.leaderElection": False}, "Recreate", False, False, id="off"),
+    ],
+)
+def test_replicas_and_leader_election(
+    helm: Helm, values: dict[str, Any], strategy: str, elects: bool, budget: bool
+) -> None:
+    objects = helm.template(set_values=values)
+    deployment = find_object(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == values.get("operator.replicas", 1)
+    assert deployment["spec"]["strategy"]["type"] == strategy
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert ("--leader-elect" in container["args"]) is elects
+    assert any(e["name"] == "POD_NAMESPACE" for e in container["env"]) is elects
+    assert bool(find_objects(objects, "PodDisruptionBudget")) is budget
+    lease_roles = [r for r in find_objects(objects, "Role") if "leader" in r["metadata"]["name"]]
+    assert bool(lease_roles) is elects
+
+
+def test_two_replicas_without_leader_election_are_refused(helm: Helm) -> None:
+    args = helm.template_args(set_values={"operator.replicas": 2, "operator.leaderElection": False})
+    out = helm.run(*args, check=False)
+    assert out.returncode != 0 and "needs operator.leaderElection" in out.stderr

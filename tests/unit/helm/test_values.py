@@ -113,7 +113,8 @@ def test_every_object_in_the_schema_rejects_unknown_keys() -> None:
     ("key", "value", "message"),
     [
         ("operatr", {"logLevel": "info"}, "additional properties 'operatr' not allowed"),
-        ("operator.replicas", 2, "additional properties 'replicas' not allowed"),
+        ("operator.replica", 2, "additional properties 'replica' not allowed"),
+        ("operator.replicas", 0, "at '/operator/replicas'"),
         ("metrics.serviceMonitor.enable", True, "additional properties 'enable' not allowed"),
         ("operator.logLevel", "verbose", "at '/operator/logLevel'"),
         ("operator.watchNamespaces", ["Team_A"], "at '/operator/watchNamespaces/0'"),
