@@ -22,7 +22,14 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.fixtures.e2e import LOCAL_PLACEMENT, REPO, NodeAgent, apply_objects, on_session_nodes
+from tests.fixtures.e2e import (
+    LOCAL_PLACEMENT,
+    OPERATOR_NAMESPACE,
+    REPO,
+    NodeAgent,
+    apply_objects,
+    on_session_nodes,
+)
 
 from nodeagent import procs  # isort: skip  (dev/ is put on the path by the fixtures)
 
@@ -244,8 +251,12 @@ def test_prometheus_has_the_trainer_and_operator_series(shakespeare: Shakespeare
     # Discovered through the pod's annotations, as the pod role labels show.
     assert loss[0]["metric"]["pod"].startswith(f"{job}-")
 
-    phases = prometheus.query('max_over_time(torchfleet_operator_jobs{phase="Running"}[1h])')
-    assert phases and float(phases[0]["value"][1]) >= 1, "no operator job-phase series"
+    # This session's operator (a `make demo` left running has its own, scraped too).
+    ours = f'service_namespace="{OPERATOR_NAMESPACE}"'
+    phases = prometheus.query(
+        f'max_over_time(torchfleet_operator_jobs{{phase="Running",{ours}}}[1h])'
+    )
+    assert len(phases) == 1 and float(phases[0]["value"][1]) >= 1, phases
     assert phases[0]["metric"]["job"] == "torchfleet-operator"
     # This job's own phase series, as the operator exported it while it ran.
     mine = f'job_namespace="{namespace}",job_name="{job}"'
