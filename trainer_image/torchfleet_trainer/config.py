@@ -507,8 +507,10 @@ def load_config(
     overrides: Iterable[str] = (),
     env: Mapping[str, str] | None = None,
 ) -> TrainConfig:
-    """The config from a YAML/JSON file, else the operator's env var, plus overrides."""
-    env = os.environ if env is None else env
+    """The config from a YAML/JSON file, else the operator's rendered config, plus overrides.
+
+    The operator has already written the job's checkpoint cadence into the
+    rendered config (``build/env.py``); nothing here merges env into it."""
     raw: Any
     if path is not None:
         try:
@@ -517,9 +519,9 @@ def load_config(
             raise ConfigError(f"--config: cannot read {path}: {err.strerror}") from None
         except yaml.YAMLError as err:
             raise ConfigError(f"--config: {path} is not valid YAML/JSON: {err}") from None
-    elif env.get(contract.TRAIN_CONFIG):
+    elif (rendered := pod_contract(env).train_config) is not None:
         try:
-            raw = json.loads(env[contract.TRAIN_CONFIG])
+            raw = json.loads(rendered)
         except json.JSONDecodeError as err:
             raise ConfigError(f"{contract.TRAIN_CONFIG}: not valid JSON: {err}") from None
     else:
@@ -528,40 +530,24 @@ def load_config(
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"config: expected a mapping at the top level, got {type(raw).__name__}")
-    raw = _job_checkpoint_policy(_normalise_keys(raw), env)
-    raw = apply_overrides(raw, overrides)
+    raw = apply_overrides(_normalise_keys(raw), overrides)
     try:
         return TrainConfig.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(format_validation_error(err)) from None
 
 
-def _job_checkpoint_policy(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
-    """The job's spec.checkpoint (intervalSteps, keepLast, exported by the
-    operator) wins over the inline trainer config; CLI overrides win over both."""
-    policy = {"interval": contract.CHECKPOINT_INTERVAL, "keepLast": contract.CHECKPOINT_KEEP}
-    for key, var in policy.items():
-        value = env.get(var)
-        if not value:
-            continue
-        try:
-            number = int(value)
-        except ValueError:
-            raise ConfigError(f"{var} must be an integer, got {value!r}") from None
-        checkpoint = raw.get("checkpoint")
-        raw = {**raw, "checkpoint": {**(checkpoint if isinstance(checkpoint, dict) else {})}}
-        raw["checkpoint"][key] = number
-    return raw
+def pod_contract(env: Mapping[str, str] | None = None) -> contract.PodContract:
+    """The pod contract from ``env`` (default: this process's), as a ConfigError if broken."""
+    try:
+        return contract.PodContract.from_env(env)
+    except contract.ContractError as err:
+        raise ConfigError(str(err)) from None
 
 
-def resolve_checkpoint_dir(config: TrainConfig, env: Mapping[str, str] | None = None) -> str | None:
-    env = os.environ if env is None else env
-    return config.checkpoint.dir or env.get(contract.CHECKPOINT_DIR) or None
+def resolve_checkpoint_dir(config: TrainConfig, pod: contract.PodContract) -> str | None:
+    return config.checkpoint.dir or pod.checkpoint_dir
 
 
-def resolve_metrics_port(config: TrainConfig, env: Mapping[str, str] | None = None) -> int:
-    env = os.environ if env is None else env
-    if config.metrics.port is not None:
-        return config.metrics.port
-    raw = env.get(contract.METRICS_PORT)
-    return int(raw) if raw else contract.DEFAULT_METRICS_PORT
+def resolve_metrics_port(config: TrainConfig, pod: contract.PodContract) -> int:
+    return config.metrics.port if config.metrics.port is not None else pod.metrics_port

@@ -17,8 +17,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from torchfleet_trainer import contract
-from torchfleet_trainer.config import ConfigError, TrainConfig
+from torchfleet_trainer.config import ConfigError, TrainConfig, pod_contract
 from torchfleet_trainer.train import TrainingDiverged, run_worker
 
 EXIT_CONFIG = 2
@@ -31,25 +30,26 @@ EXIT_DIVERGED = 3
 
 
 def launch(
-    config: TrainConfig, nproc_per_node: int | None = None, env: Mapping[str, str] | None = None
+    config: TrainConfig,
+    processes_per_node: int | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> int:
-    env = os.environ if env is None else env
     try:
-        pod = contract.PodContract.from_env(env)
-        if contract.RANK in env and contract.WORLD_SIZE in env:
-            config.check_world(int(env[contract.WORLD_SIZE]))
+        pod = pod_contract(env)
+        if pod.process is not None:
+            config.check_world(pod.process.world_size)
             return train(config)
-        nproc = nproc_per_node or pod.nproc_per_node
-        config.check_world(pod.nnodes * nproc)
-    except (ConfigError, contract.ContractError) as err:
+        processes = processes_per_node or pod.processes_per_node
+        config.check_world(pod.nodes * processes)
+    except ConfigError as err:
         print(f"torchfleet-train: {err}", file=sys.stderr)
         return EXIT_CONFIG
-    if pod.nnodes * nproc == 1:
+    if pod.nodes * processes == 1:
         return train(config)
     launch_config = LaunchConfig(
-        min_nodes=pod.nnodes,
-        max_nodes=pod.nnodes,
-        nproc_per_node=nproc,
+        min_nodes=pod.nodes,
+        max_nodes=pod.nodes,
+        nproc_per_node=processes,
         run_id=pod.rendezvous_id,
         rdzv_backend="static",
         rdzv_endpoint=f"{pod.master_addr}:{pod.master_port}",
@@ -59,7 +59,7 @@ def launch(
         start_method="spawn",
     )
     worker = ["-u", "-m", "torchfleet_trainer.worker", config.model_dump_json(by_alias=True)]
-    if nproc > 1:
+    if processes > 1:
         # As torchrun does: N workers each running a thread per core would
         # oversubscribe the node. The workers inherit this; a user's value wins.
         os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import signal
 import time
 from collections.abc import Callable
@@ -18,9 +17,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from torchfleet_trainer import contract
 from torchfleet_trainer.checkpoint import Checkpointer
-from torchfleet_trainer.config import TrainConfig, resolve_checkpoint_dir, resolve_metrics_port
+from torchfleet_trainer.config import (
+    TrainConfig,
+    pod_contract,
+    resolve_checkpoint_dir,
+    resolve_metrics_port,
+)
 from torchfleet_trainer.data import BatchSampler, load_corpus
 from torchfleet_trainer.distributed.parallel_dims import ParallelDims
 from torchfleet_trainer.distributed.parallelize import ParallelModel, parallelize
@@ -106,7 +109,7 @@ def uses_meta_init(config: TrainConfig, device: torch.device) -> bool:
 
 def build_runtime(config: TrainConfig, distributed: bool = True) -> Runtime:
     """Reads this process's place from torch.distributed (already initialised)."""
-    local_rank = int(os.environ.get(contract.LOCAL_RANK, "0"))
+    local_rank = pod_contract().local_rank
     device = pick_device(config, local_rank)
     dtype = pick_dtype(config, device)
     if not distributed:
@@ -209,7 +212,7 @@ class Trainer:
         )
         self.stop = StopFlag()
         self.non_finite = NonFiniteGuard(training.max_non_finite_steps, metrics, self.log)
-        ckpt_dir = resolve_checkpoint_dir(config)
+        ckpt_dir = resolve_checkpoint_dir(config, pod_contract())
         self.checkpointer = (
             Checkpointer(
                 Path(ckpt_dir),
@@ -487,9 +490,10 @@ def init_distributed(config: TrainConfig) -> None:
     """Joins the process group torchrun (or the pod contract) describes."""
     if dist.is_initialized():
         return
-    device = pick_device(config, int(os.environ.get(contract.LOCAL_RANK, "0")))
+    pod = pod_contract()
+    device = pick_device(config, pod.local_rank)
     backend = "nccl" if device.type == "cuda" else "gloo"
-    if contract.RANK not in os.environ:
+    if pod.process is None:
         # A lone process with no launcher: a private in-memory store.
         store = dist.HashStore()
         dist.init_process_group(backend, store=store, rank=0, world_size=1)
@@ -509,7 +513,7 @@ def run_worker(config: TrainConfig) -> RunResult:
         metrics = None
         if config.metrics.enabled and runtime.local_rank == 0:
             metrics = TrainMetrics()
-            port = metrics.serve(resolve_metrics_port(config))
+            port = metrics.serve(resolve_metrics_port(config, pod_contract()))
             if runtime.is_logger and config.metrics.json_logs:
                 log_json("metrics", port=port)
         return Trainer(config, runtime, metrics).run()
