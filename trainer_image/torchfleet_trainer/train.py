@@ -58,7 +58,7 @@ class Runtime:
 
 @dataclass
 class RunResult:
-    status: str  # "completed" or "preempted"
+    status: str  # "completed", "preempted" (saved on SIGTERM) or "preempted_unsaved"
     start_step: int
     last_step: int
     history: list[dict[str, float]] = field(default_factory=list)
@@ -333,17 +333,23 @@ class Trainer:
             result.last_step = step
             self._report(record)
             self.non_finite.observe(step, finite, mean_loss, grad_norm)
-            if cfg.eval_interval and (step % cfg.eval_interval == 0 or step == cfg.steps):
+            # Before evaluating: a preempted pod's grace period goes to the save.
+            stopping = self.stop.agreed(self.runtime)
+            if not stopping and self._evaluates_at(step):
                 result.eval_losses[step] = self.evaluate(step)
             if self.checkpointer:
                 self.checkpointer.poll()
-            stopping = self.stop.agreed(self.runtime)
-            if self._should_save(step, stopping, finite):
+            saves = self._should_save(step, stopping, finite)
+            if saves:
                 self.save(step, final=stopping or step == cfg.steps)
             if stopping:
-                result.status = "preempted"
-                self.log("preempted", step=step)
+                result.status = "preempted" if saves else "preempted_unsaved"
+                self.log("preempted", step=step, saved=saves)
                 break
+
+    def _evaluates_at(self, step: int) -> bool:
+        every, last = self.config.training.eval_interval, self.config.training.steps
+        return every > 0 and (step % every == 0 or step == last)
 
     def _batch(self, split: str, global_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         inputs, targets = self.sampler.next_batch(split, global_rows)  # type: ignore[arg-type]
