@@ -362,8 +362,9 @@ class MetricsConfig(_Section):
     peak_tflops: float | None = Field(
         None,
         gt=0.0,
-        description="Accelerator's dense peak TFLOP/s for MFU; defaults to 989 (H100 bf16) "
-        "on CUDA. Without it no MFU is reported on CPU.",
+        description="Accelerator's dense peak TFLOP/s for MFU; defaults to the GPU's own "
+        "at the run's precision (H100/H200 SXM, H100 PCIe/NVL, A100). Without it no MFU is "
+        "reported on CPU or an unknown GPU.",
     )
 
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -27,7 +27,7 @@ from torchfleet_trainer.config import (
 from torchfleet_trainer.data import BatchSampler, load_corpus
 from torchfleet_trainer.distributed.parallel_dims import ParallelDims
 from torchfleet_trainer.distributed.parallelize import ParallelModel, parallelize
-from torchfleet_trainer.metrics import TrainMetrics, flops_per_token, log_json
+from torchfleet_trainer.metrics import TrainMetrics, flops_per_token, log_json, mfu_peak_tflops
 from torchfleet_trainer.models import build_model
 from torchfleet_trainer.models.meta_init import (
     initialise,
@@ -36,8 +36,6 @@ from torchfleet_trainer.models.meta_init import (
     reference_buffers,
 )
 from torchfleet_trainer.schedule import lr_at
-
-H100_BF16_TFLOPS = 989.0
 
 
 @dataclass
@@ -211,6 +209,7 @@ class Trainer:
             self.dp_degree,
         )
         self.stop = StopFlag()
+        self.peak_tflops = self._peak_tflops()
         self.non_finite = NonFiniteGuard(training.max_non_finite_steps, metrics, self.log)
         ckpt_dir = resolve_checkpoint_dir(config, pod_contract())
         self.checkpointer = (
@@ -224,6 +223,18 @@ class Trainer:
             if config.checkpoint.enabled and ckpt_dir and runtime.dims is not None
             else None
         )
+
+    def _peak_tflops(self) -> float | None:
+        """For MFU: metrics.peakTflops, else the GPU's own peak at this precision."""
+        device = self.runtime.device
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+        precision: Literal["bf16", "fp32"] = (
+            "bf16" if self.runtime.dtype == torch.bfloat16 else "fp32"
+        )
+        peak = mfu_peak_tflops(self.config.metrics.peak_tflops, name, precision)
+        if peak is None and name is not None:
+            self.log("mfu_unavailable", device=name, hint="set metrics.peakTflops")
+        return peak
 
     def _build_model(self, vocab: int) -> ParallelModel:
         cfg, runtime = self.config, self.runtime
@@ -421,9 +432,7 @@ class Trainer:
             self.log("step", **record, tokens_per_second=round(tokens_per_second, 1), **extra)
 
     def _mfu(self, tokens_per_second: float) -> float | None:
-        peak = self.config.metrics.peak_tflops
-        if peak is None and self.runtime.device.type == "cuda":
-            peak = H100_BF16_TFLOPS
+        peak = self.peak_tflops
         if peak is None:
             return None
         achieved = tokens_per_second * self.flops_per_token
