@@ -59,6 +59,15 @@ class ModelConfig(_Section):
         description="A user model as 'package.module:factory'; the factory takes this "
         "ModelConfig and returns a torch.nn.Module. Overrides 'architecture'.",
     )
+    blocks: str = Field(
+        "layers",
+        max_length=253,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$",
+        description="Dotted attribute path of the container (ModuleDict, ModuleList or "
+        "Sequential) of the model's repeated blocks, which activation checkpointing and "
+        "compile wrap one by one; 'layers' in the built-in models. A user model without it "
+        "trains without either, with a warning.",
+    )
     layers: int = Field(6, ge=1, le=1024, description="Number of transformer blocks.")
     heads: int = Field(6, ge=1, le=1024, description="Attention heads per block.")
     kv_heads: int | None = Field(
