@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.trainer.user_models import TINY_LLAMA
 from torchfleet_trainer.config import load_config
 from torchfleet_trainer.metrics import TrainMetrics
 from torchfleet_trainer.train import StepOutcome, Trainer, build_runtime
@@ -24,13 +25,7 @@ from torchfleet_trainer.train import StepOutcome, Trainer, build_runtime
 pytestmark = pytest.mark.trainer
 
 CONFIG = [
-    "model.architecture=llama",
-    "model.layers=2",
-    "model.dim=32",
-    "model.heads=2",
-    "model.maxSeqLen=16",
-    "data.seqLen=16",
-    "training.globalBatchSize=4",
+    *TINY_LLAMA,
     "training.gradAccumSteps=2",
     "training.steps=12",
     "training.logInterval=4",

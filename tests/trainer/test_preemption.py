@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.cli_process import TrainerProcess, free_port
+from tests.trainer.user_models import TINY_LLAMA
 from torchfleet_trainer import contract
 from torchfleet_trainer.checkpoint import MARKER, step_dir
 from torchfleet_trainer.launch import EXIT_PREEMPTED_UNSAVED
@@ -21,13 +22,7 @@ from torchfleet_trainer.launch import EXIT_PREEMPTED_UNSAVED
 pytestmark = pytest.mark.trainer
 
 MODEL = [
-    "model.architecture=llama",
-    "model.layers=2",
-    "model.dim=32",
-    "model.heads=2",
-    "model.maxSeqLen=16",
-    "data.seqLen=16",
-    "training.globalBatchSize=4",
+    *TINY_LLAMA,
     "training.logInterval=1",
     "training.evalInterval=0",
     "schedule.warmupSteps=1",
