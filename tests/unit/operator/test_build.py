@@ -128,6 +128,15 @@ def test_a_users_command_gets_the_cadence_but_no_trainer_config():
     assert (pod.checkpoint_interval, pod.checkpoint_keep, pod.train_config) == (25, 2, None)
 
 
+def test_termination_grace_defaults_for_a_save_and_a_role_template_sets_its_own():
+    # The default model's save takes well under a second here (trainer README);
+    # a bigger model on slower storage sets the grace its save needs, per role.
+    template = {"spec": {"terminationGracePeriodSeconds": 600}}
+    spec = {"master": {"template": template}}
+    assert render(spec, rank=0)["spec"]["terminationGracePeriodSeconds"] == 600
+    assert render(spec, rank=1)["spec"]["terminationGracePeriodSeconds"] == 30
+
+
 def test_several_processes_per_pod_leave_ranks_to_torchrun():
     env = env_of(
         render(
