@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # torchrun's own variables (torch.distributed.run reads PET_<FLAG>).
 PET_NNODES = "PET_NNODES"
@@ -117,7 +117,7 @@ class PodContract:
     # The rendered trainer config (JSON); None for a command of the user's own.
     train_config: str | None = None
     # Set by torchrun for each process it starts; None in a launcher's own env.
-    process: ProcessRanks | None = field(default=None)
+    process: ProcessRanks | None = None
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -192,7 +192,7 @@ class PodContract:
             env[RANK] = str(ranks.rank)
             env[WORLD_SIZE] = str(ranks.world_size)
             env[LOCAL_RANK] = str(ranks.local_rank)
-            env[LOCAL_WORLD_SIZE] = "1" if self.process is None else str(self.processes_per_node)
+            env[LOCAL_WORLD_SIZE] = str(self.processes_per_node)
         return env
 
     @classmethod
