@@ -11,7 +11,14 @@ import pytest
 from torch.distributed.launcher.api import LaunchConfig
 
 from tests.trainer.cli_process import free_port
-from torchfleet_trainer.launch import EXIT_PREEMPTED, child_failure_exit_code, run_children
+from torchfleet_trainer.launch import (
+    EXIT_PREEMPTED,
+    EXIT_PREEMPTED_UNSAVED,
+    child_failure_exit_code,
+    preempted_exit_code,
+    run_children,
+    write_outcome,
+)
 
 pytestmark = pytest.mark.trainer
 
@@ -53,3 +60,15 @@ def test_143_only_when_every_child_stopped_on_sigterm() -> None:
     assert child_failure_exit_code([143, 143], first=143) == EXIT_PREEMPTED
     assert child_failure_exit_code([-15, 1], first=1) == 1
     assert child_failure_exit_code([-9, 1], first=-9) == 137
+
+
+def test_a_signalled_launcher_exits_143_only_when_every_worker_saved(tmp_path) -> None:
+    assert preempted_exit_code(None, workers=1) == EXIT_PREEMPTED_UNSAVED
+    assert preempted_exit_code(tmp_path, workers=2) == EXIT_PREEMPTED_UNSAVED
+    write_outcome(tmp_path, 0, EXIT_PREEMPTED)
+    # The other worker died before it could save (or report).
+    assert preempted_exit_code(tmp_path, workers=2) == EXIT_PREEMPTED_UNSAVED
+    write_outcome(tmp_path, 1, EXIT_PREEMPTED)
+    assert preempted_exit_code(tmp_path, workers=2) == EXIT_PREEMPTED
+    write_outcome(tmp_path, 1, EXIT_PREEMPTED_UNSAVED)
+    assert preempted_exit_code(tmp_path, workers=2) == EXIT_PREEMPTED_UNSAVED

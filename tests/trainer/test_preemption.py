@@ -14,19 +14,15 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.cli_process import TrainerProcess, free_port
+from tests.trainer.user_models import TINY_LLAMA
 from torchfleet_trainer import contract
 from torchfleet_trainer.checkpoint import MARKER, step_dir
+from torchfleet_trainer.launch import EXIT_PREEMPTED_UNSAVED
 
 pytestmark = pytest.mark.trainer
 
 MODEL = [
-    "model.architecture=llama",
-    "model.layers=2",
-    "model.dim=32",
-    "model.heads=2",
-    "model.maxSeqLen=16",
-    "data.seqLen=16",
-    "training.globalBatchSize=4",
+    *TINY_LLAMA,
     "training.logInterval=1",
     "training.evalInterval=0",
     "schedule.warmupSteps=1",
@@ -51,6 +47,7 @@ def test_sigterm_saves_complete_checkpoint_and_resume_continues(tmp_path: Path) 
     (preempted,) = trainer.of("preempted")
     stopped_at = preempted["step"]
     assert stopped_at >= 3
+    assert preempted["saved"] is True
     assert (step_dir(tmp_path / "ckpt", stopped_at) / MARKER).is_file()
     assert [e["step"] for e in trainer.of("checkpoint")] == [stopped_at]
 
@@ -61,3 +58,18 @@ def test_sigterm_saves_complete_checkpoint_and_resume_continues(tmp_path: Path) 
     assert resumed.finish(timeout=240) == 0, resumed.stderr[-3000:]
     assert [e["step"] for e in resumed.of("resumed")] == [stopped_at]
     assert [e["step"] for e in resumed.of("step")] == [stopped_at + 1, stopped_at + 2]
+
+
+def test_sigterm_with_no_checkpoint_dir_says_so_and_never_waits_for_an_eval() -> None:
+    # Every step is due an evaluation; the step that sees the stop flag skips it.
+    env = {contract.MASTER_PORT: str(free_port()), contract.JOB_NAME: "unsaved-test"}
+    args = ["--nproc-per-node", "2", "training.steps=100000", *MODEL]
+    trainer = TrainerProcess([*args, "training.evalInterval=1", "training.evalBatches=2"], env)
+    trainer.wait_for(lambda e: e["event"] == "eval" and e["step"] >= 3, timeout=240)
+    trainer.proc.terminate()
+    assert trainer.finish(timeout=120) == EXIT_PREEMPTED_UNSAVED, trainer.stderr[-3000:]
+    (preempted,) = trainer.of("preempted")
+    assert preempted["saved"] is False
+    assert trainer.of("checkpoint") == []
+    evaluated = [e["step"] for e in trainer.of("eval")]
+    assert preempted["step"] not in evaluated and max(evaluated) < preempted["step"]

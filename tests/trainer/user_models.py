@@ -20,6 +20,18 @@ SMALL = [
 ]
 
 
+# The built-in llama at its smallest: two blocks, 16-token sequences.
+TINY_LLAMA = [
+    "model.architecture=llama",
+    "model.layers=2",
+    "model.dim=32",
+    "model.heads=2",
+    "model.maxSeqLen=16",
+    "data.seqLen=16",
+    "training.globalBatchSize=4",
+]
+
+
 class MaskedMixer(nn.Module):
     """A user model of plain layers and a causal-mask buffer that is not saved."""
 

@@ -59,6 +59,15 @@ class ModelConfig(_Section):
         description="A user model as 'package.module:factory'; the factory takes this "
         "ModelConfig and returns a torch.nn.Module. Overrides 'architecture'.",
     )
+    blocks: str = Field(
+        "layers",
+        max_length=253,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$",
+        description="Dotted attribute path of the container (ModuleDict, ModuleList or "
+        "Sequential) of the model's repeated blocks, which activation checkpointing and "
+        "compile wrap one by one; 'layers' in the built-in models. A user model without it "
+        "trains without either, with a warning.",
+    )
     layers: int = Field(6, ge=1, le=1024, description="Number of transformer blocks.")
     heads: int = Field(6, ge=1, le=1024, description="Attention heads per block.")
     kv_heads: int | None = Field(
@@ -362,8 +371,9 @@ class MetricsConfig(_Section):
     peak_tflops: float | None = Field(
         None,
         gt=0.0,
-        description="Accelerator's dense peak TFLOP/s for MFU; defaults to 989 (H100 bf16) "
-        "on CUDA. Without it no MFU is reported on CPU.",
+        description="Accelerator's dense peak TFLOP/s for MFU; defaults to the GPU's own "
+        "at the run's precision (H100/H200 SXM, H100 PCIe/NVL, A100). Without it no MFU is "
+        "reported on CPU or an unknown GPU.",
     )
 
 
@@ -507,8 +517,10 @@ def load_config(
     overrides: Iterable[str] = (),
     env: Mapping[str, str] | None = None,
 ) -> TrainConfig:
-    """The config from a YAML/JSON file, else the operator's env var, plus overrides."""
-    env = os.environ if env is None else env
+    """The config from a YAML/JSON file, else the operator's rendered config, plus overrides.
+
+    The operator has already written the job's checkpoint cadence into the
+    rendered config (``build/env.py``); nothing here merges env into it."""
     raw: Any
     if path is not None:
         try:
@@ -517,9 +529,9 @@ def load_config(
             raise ConfigError(f"--config: cannot read {path}: {err.strerror}") from None
         except yaml.YAMLError as err:
             raise ConfigError(f"--config: {path} is not valid YAML/JSON: {err}") from None
-    elif env.get(contract.TRAIN_CONFIG):
+    elif (rendered := pod_contract(env).train_config) is not None:
         try:
-            raw = json.loads(env[contract.TRAIN_CONFIG])
+            raw = json.loads(rendered)
         except json.JSONDecodeError as err:
             raise ConfigError(f"{contract.TRAIN_CONFIG}: not valid JSON: {err}") from None
     else:
@@ -528,40 +540,24 @@ def load_config(
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"config: expected a mapping at the top level, got {type(raw).__name__}")
-    raw = _job_checkpoint_policy(_normalise_keys(raw), env)
-    raw = apply_overrides(raw, overrides)
+    raw = apply_overrides(_normalise_keys(raw), overrides)
     try:
         return TrainConfig.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(format_validation_error(err)) from None
 
 
-def _job_checkpoint_policy(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
-    """The job's spec.checkpoint (intervalSteps, keepLast, exported by the
-    operator) wins over the inline trainer config; CLI overrides win over both."""
-    policy = {"interval": contract.CHECKPOINT_INTERVAL, "keepLast": contract.CHECKPOINT_KEEP}
-    for key, var in policy.items():
-        value = env.get(var)
-        if not value:
-            continue
-        try:
-            number = int(value)
-        except ValueError:
-            raise ConfigError(f"{var} must be an integer, got {value!r}") from None
-        checkpoint = raw.get("checkpoint")
-        raw = {**raw, "checkpoint": {**(checkpoint if isinstance(checkpoint, dict) else {})}}
-        raw["checkpoint"][key] = number
-    return raw
+def pod_contract(env: Mapping[str, str] | None = None) -> contract.PodContract:
+    """The pod contract from ``env`` (default: this process's), as a ConfigError if broken."""
+    try:
+        return contract.PodContract.from_env(env)
+    except contract.ContractError as err:
+        raise ConfigError(str(err)) from None
 
 
-def resolve_checkpoint_dir(config: TrainConfig, env: Mapping[str, str] | None = None) -> str | None:
-    env = os.environ if env is None else env
-    return config.checkpoint.dir or env.get(contract.CHECKPOINT_DIR) or None
+def resolve_checkpoint_dir(config: TrainConfig, pod: contract.PodContract) -> str | None:
+    return config.checkpoint.dir or pod.checkpoint_dir
 
 
-def resolve_metrics_port(config: TrainConfig, env: Mapping[str, str] | None = None) -> int:
-    env = os.environ if env is None else env
-    if config.metrics.port is not None:
-        return config.metrics.port
-    raw = env.get(contract.METRICS_PORT)
-    return int(raw) if raw else contract.DEFAULT_METRICS_PORT
+def resolve_metrics_port(config: TrainConfig, pod: contract.PodContract) -> int:
+    return config.metrics.port if config.metrics.port is not None else pod.metrics_port

@@ -10,6 +10,11 @@ the right node count and rendezvous. ``RANK``, ``WORLD_SIZE`` and
 ``LOCAL_RANK`` always mean per-process values, as in PyTorch; the operator sets
 them on the pod only when one process runs per pod, otherwise torchrun (or our
 own launcher) sets them for each process it starts.
+
+Every variable that passes between operator and trainer is named here and
+nowhere else, and the trainer reads its environment only through
+``PodContract.from_env``. Nodes, node rank and processes per node carry the
+API's names (``spec.nodes``, ``spec.processesPerNode``) on both sides.
 """
 
 from __future__ import annotations
@@ -45,7 +50,9 @@ JOB_NAME = "TORCHFLEET_JOB_NAME"
 NAMESPACE = "TORCHFLEET_NAMESPACE"
 RESTART_COUNT = "TORCHFLEET_RESTART_COUNT"
 CHECKPOINT_DIR = "TORCHFLEET_CHECKPOINT_DIR"
-# spec.checkpoint.intervalSteps / keepLast, for scripts the user brings.
+# spec.checkpoint.intervalSteps / keepLast, for scripts the user brings; for
+# torchfleet-train the operator writes them into TRAIN_CONFIG instead, where
+# they win over spec.trainer.checkpoint (build/env.py decides that, once).
 CHECKPOINT_INTERVAL = "TORCHFLEET_CHECKPOINT_INTERVAL"
 CHECKPOINT_KEEP = "TORCHFLEET_CHECKPOINT_KEEP"
 METRICS_PORT = "TORCHFLEET_METRICS_PORT"
@@ -82,6 +89,16 @@ class ContractError(ValueError):
 
 
 @dataclass(frozen=True)
+class ProcessRanks:
+    """One process's place: torchrun's per-process variables (or the operator's,
+    with one process per pod)."""
+
+    rank: int
+    world_size: int
+    local_rank: int = 0
+
+
+@dataclass(frozen=True)
 class PodContract:
     """Everything a pod needs to join its gang, independent of how it launches."""
 
@@ -89,59 +106,93 @@ class PodContract:
     namespace: str
     master_addr: str
     master_port: int
-    nnodes: int
+    nodes: int
     node_rank: int
-    nproc_per_node: int
+    processes_per_node: int
     restart_count: int = 0
     checkpoint_dir: str | None = None
+    checkpoint_interval: int | None = None
+    checkpoint_keep: int | None = None
     metrics_port: int = DEFAULT_METRICS_PORT
+    # The rendered trainer config (JSON); None for a command of the user's own.
+    train_config: str | None = None
+    # Set by torchrun for each process it starts; None in a launcher's own env.
+    process: ProcessRanks | None = None
 
     def __post_init__(self) -> None:
-        if self.nnodes < 1:
-            raise ContractError(f"{NNODES} must be >= 1, got {self.nnodes}")
-        if not 0 <= self.node_rank < self.nnodes:
-            raise ContractError(f"{NODE_RANK} must be in [0, {self.nnodes}), got {self.node_rank}")
-        if self.nproc_per_node < 1:
-            raise ContractError(f"{NPROC_PER_NODE} must be >= 1, got {self.nproc_per_node}")
+        if self.nodes < 1:
+            raise ContractError(f"{NNODES} must be >= 1, got {self.nodes}")
+        if not 0 <= self.node_rank < self.nodes:
+            raise ContractError(f"{NODE_RANK} must be in [0, {self.nodes}), got {self.node_rank}")
+        if self.processes_per_node < 1:
+            raise ContractError(f"{NPROC_PER_NODE} must be >= 1, got {self.processes_per_node}")
         if not 0 < self.master_port < 65536:
             raise ContractError(f"{MASTER_PORT} must be a TCP port, got {self.master_port}")
+        for name, value in (
+            (CHECKPOINT_INTERVAL, self.checkpoint_interval),
+            (CHECKPOINT_KEEP, self.checkpoint_keep),
+        ):
+            if value is not None and value < 1:
+                raise ContractError(f"{name} must be >= 1, got {value}")
+        if self.process is not None and not 0 <= self.process.rank < self.process.world_size:
+            raise ContractError(
+                f"{RANK} must be in [0, {WORLD_SIZE}={self.process.world_size}), "
+                f"got {self.process.rank}"
+            )
 
     @property
     def world_size(self) -> int:
-        return self.nnodes * self.nproc_per_node
+        return self.nodes * self.processes_per_node
 
     @property
     def rendezvous_id(self) -> str:
         return f"{self.job_name}-gen{self.restart_count}"
 
+    @property
+    def local_rank(self) -> int:
+        return self.process.local_rank if self.process else 0
+
+    @property
+    def ranks(self) -> ProcessRanks | None:
+        """This process's ranks; with one process per pod the pod's own are known."""
+        if self.process is None and self.processes_per_node == 1:
+            return ProcessRanks(rank=self.node_rank, world_size=self.nodes)
+        return self.process
+
     def to_env(self) -> dict[str, str]:
         """The variables the operator puts on the pod, as strings."""
         env = {
-            PET_NNODES: str(self.nnodes),
-            PET_NPROC_PER_NODE: str(self.nproc_per_node),
+            PET_NNODES: str(self.nodes),
+            PET_NPROC_PER_NODE: str(self.processes_per_node),
             PET_NODE_RANK: str(self.node_rank),
             PET_MASTER_ADDR: self.master_addr,
             PET_MASTER_PORT: str(self.master_port),
             PET_RDZV_ID: self.rendezvous_id,
             MASTER_ADDR: self.master_addr,
             MASTER_PORT: str(self.master_port),
-            NNODES: str(self.nnodes),
+            NNODES: str(self.nodes),
             NODE_RANK: str(self.node_rank),
-            NPROC_PER_NODE: str(self.nproc_per_node),
+            NPROC_PER_NODE: str(self.processes_per_node),
             JOB_NAME: self.job_name,
             NAMESPACE: self.namespace,
             RESTART_COUNT: str(self.restart_count),
             METRICS_PORT: str(self.metrics_port),
         }
-        if self.checkpoint_dir:
-            env[CHECKPOINT_DIR] = self.checkpoint_dir
-        if self.nproc_per_node == 1:
+        optional = {
+            CHECKPOINT_DIR: self.checkpoint_dir,
+            CHECKPOINT_INTERVAL: self.checkpoint_interval,
+            CHECKPOINT_KEEP: self.checkpoint_keep,
+            TRAIN_CONFIG: self.train_config,
+        }
+        env.update({name: str(value) for name, value in optional.items() if value})
+        ranks = self.ranks
+        if ranks is not None:
             # One process per pod: it is its own launcher, so the per-process
             # values are known here and plain env:// scripts work unmodified.
-            env[RANK] = str(self.node_rank)
-            env[WORLD_SIZE] = str(self.nnodes)
-            env[LOCAL_RANK] = "0"
-            env[LOCAL_WORLD_SIZE] = "1"
+            env[RANK] = str(ranks.rank)
+            env[WORLD_SIZE] = str(ranks.world_size)
+            env[LOCAL_RANK] = str(ranks.local_rank)
+            env[LOCAL_WORLD_SIZE] = str(self.processes_per_node)
         return env
 
     @classmethod
@@ -153,13 +204,32 @@ class PodContract:
             namespace=env.get(NAMESPACE, "default"),
             master_addr=env.get(MASTER_ADDR, "127.0.0.1"),
             master_port=_int(env, MASTER_PORT, DEFAULT_MASTER_PORT),
-            nnodes=_int(env, NNODES, 1),
+            nodes=_int(env, NNODES, 1),
             node_rank=_int(env, NODE_RANK, 0),
-            nproc_per_node=_int(env, NPROC_PER_NODE, 1),
+            processes_per_node=_int(env, NPROC_PER_NODE, 1),
             restart_count=_int(env, RESTART_COUNT, 0),
             checkpoint_dir=env.get(CHECKPOINT_DIR) or None,
+            checkpoint_interval=_optional_int(env, CHECKPOINT_INTERVAL),
+            checkpoint_keep=_optional_int(env, CHECKPOINT_KEEP),
             metrics_port=_int(env, METRICS_PORT, DEFAULT_METRICS_PORT),
+            train_config=env.get(TRAIN_CONFIG) or None,
+            process=_process_ranks(env),
         )
+
+
+def _process_ranks(env: Mapping[str, str]) -> ProcessRanks | None:
+    """torchrun sets RANK and WORLD_SIZE together; without both this is a launcher."""
+    if not env.get(RANK) or not env.get(WORLD_SIZE):
+        return None
+    return ProcessRanks(
+        rank=_int(env, RANK, 0),
+        world_size=_int(env, WORLD_SIZE, 1),
+        local_rank=_int(env, LOCAL_RANK, 0),
+    )
+
+
+def _optional_int(env: Mapping[str, str], name: str) -> int | None:
+    return _int(env, name, 0) if env.get(name) else None
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:

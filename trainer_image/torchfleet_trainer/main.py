@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Deferred: pulls in torch.
     from torchfleet_trainer.launch import launch
 
-    return launch(config, nproc_per_node=args.nproc_per_node)
+    return launch(config, processes_per_node=args.nproc_per_node)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -82,3 +83,45 @@ def log_json(event: str, **fields: Any) -> None:
 def flops_per_token(num_params: int, layers: int, dim: int, seq_len: int) -> float:
     """Training FLOPs per token (PaLM appendix B): 6N plus attention's 12*L*d*T."""
     return 6.0 * num_params + 12.0 * layers * dim * seq_len
+
+
+@dataclass(frozen=True)
+class DevicePeak:
+    """Dense peak TFLOP/s of the devices whose name contains ``name``."""
+
+    name: str
+    bf16: float
+    fp32: float
+
+
+# From the vendors' datasheets, without sparsity: bf16 on tensor cores, fp32
+# without TF32 (PyTorch's default for matmuls, which the trainer keeps). Matched
+# in order against torch.cuda.get_device_name(), so variants come first; an SXM
+# H100 reports itself as e.g. "NVIDIA H100 80GB HBM3".
+DEVICE_PEAKS = (
+    DevicePeak("H100 PCIe", bf16=756.0, fp32=51.0),
+    DevicePeak("H100 NVL", bf16=835.0, fp32=60.0),
+    DevicePeak("H100", bf16=989.0, fp32=67.0),
+    DevicePeak("H200 NVL", bf16=835.0, fp32=60.0),
+    DevicePeak("H200", bf16=989.0, fp32=67.0),
+    DevicePeak("A100", bf16=312.0, fp32=19.5),
+)
+
+
+def device_peak_tflops(device_name: str, precision: Literal["bf16", "fp32"]) -> float | None:
+    """The device's dense peak for ``precision``; None for a device not in the table
+    (no MFU then, rather than a ratio against some other device's peak)."""
+    wanted = device_name.lower()
+    for peak in DEVICE_PEAKS:
+        if peak.name.lower() in wanted:
+            return peak.bf16 if precision == "bf16" else peak.fp32
+    return None
+
+
+def mfu_peak_tflops(
+    configured: float | None, device_name: str | None, precision: Literal["bf16", "fp32"]
+) -> float | None:
+    """metrics.peakTflops if set, else the accelerator's own (None on CPU)."""
+    if configured is not None:
+        return configured
+    return device_peak_tflops(device_name, precision) if device_name else None

@@ -4,27 +4,30 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from torchfleet_trainer import contract
 from torchfleet_trainer.checkpoint import Checkpointer
-from torchfleet_trainer.config import TrainConfig, resolve_checkpoint_dir, resolve_metrics_port
+from torchfleet_trainer.config import (
+    TrainConfig,
+    pod_contract,
+    resolve_checkpoint_dir,
+    resolve_metrics_port,
+)
 from torchfleet_trainer.data import BatchSampler, load_corpus
 from torchfleet_trainer.distributed.parallel_dims import ParallelDims
 from torchfleet_trainer.distributed.parallelize import ParallelModel, parallelize
-from torchfleet_trainer.metrics import TrainMetrics, flops_per_token, log_json
+from torchfleet_trainer.metrics import TrainMetrics, flops_per_token, log_json, mfu_peak_tflops
 from torchfleet_trainer.models import build_model
 from torchfleet_trainer.models.meta_init import (
     initialise,
@@ -33,8 +36,6 @@ from torchfleet_trainer.models.meta_init import (
     reference_buffers,
 )
 from torchfleet_trainer.schedule import lr_at
-
-H100_BF16_TFLOPS = 989.0
 
 
 @dataclass
@@ -54,8 +55,19 @@ class Runtime:
 
 
 @dataclass
+class StepOutcome:
+    """One step's results, left on the device until the loop settles them."""
+
+    step: int
+    lr: float
+    loss: torch.Tensor
+    grad_norm: torch.Tensor
+    finite: torch.Tensor
+
+
+@dataclass
 class RunResult:
-    status: str  # "completed" or "preempted"
+    status: str  # "completed", "preempted" (saved on SIGTERM) or "preempted_unsaved"
     start_step: int
     last_step: int
     history: list[dict[str, float]] = field(default_factory=list)
@@ -106,7 +118,7 @@ def uses_meta_init(config: TrainConfig, device: torch.device) -> bool:
 
 def build_runtime(config: TrainConfig, distributed: bool = True) -> Runtime:
     """Reads this process's place from torch.distributed (already initialised)."""
-    local_rank = int(os.environ.get(contract.LOCAL_RANK, "0"))
+    local_rank = pod_contract().local_rank
     device = pick_device(config, local_rank)
     dtype = pick_dtype(config, device)
     if not distributed:
@@ -126,8 +138,12 @@ def make_optimizers(parts: list[nn.Module], config: TrainConfig) -> list[torch.o
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": opt.weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
+        # Fused (CPU and CUDA): one kernel per step, and found_inf lets a
+        # non-finite step skip its update without a host sync.
         optimizers.append(
-            torch.optim.AdamW(groups, lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps)
+            torch.optim.AdamW(
+                groups, lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps, fused=True
+            )
         )
     return optimizers
 
@@ -151,7 +167,7 @@ def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack(squares).sum().sqrt()
 
 
-def clip_grad_norm(model: ParallelModel, max_norm: float, runtime: Runtime) -> float:
+def clip_grad_norm(model: ParallelModel, max_norm: float, runtime: Runtime) -> torch.Tensor:
     """Global gradient norm over every shard and pipeline stage; clips when max_norm > 0."""
     params = [p for p in model.parameters() if p.grad is not None]
     norm = total_norm([p.grad for p in params if p.grad is not None])
@@ -162,16 +178,17 @@ def clip_grad_norm(model: ParallelModel, max_norm: float, runtime: Runtime) -> f
         norm = squared.sqrt()
     if max_norm > 0:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
-    return float(norm)
+    return norm
 
 
-def mean_over_data_parallel(loss: torch.Tensor, runtime: Runtime) -> float:
-    """The global batch's loss: only last pipeline stages hold one, TP ranks repeat it."""
+def mean_over_data_parallel(loss: torch.Tensor, runtime: Runtime) -> torch.Tensor:
+    """The global batch's loss, on the device: only last pipeline stages hold one,
+    TP ranks repeat it."""
     if runtime.dims is None or runtime.world_size == 1:
-        return float(loss)
+        return loss.detach().float()
     total = loss.detach().float().reshape(1).clone()
     dist.all_reduce(total)
-    return float(total) / (runtime.dims.degrees.dp * runtime.dims.degrees.tp)
+    return total[0] / (runtime.dims.degrees.dp * runtime.dims.degrees.tp)
 
 
 def seed_step(config: TrainConfig, step: int, runtime: Runtime) -> None:
@@ -208,8 +225,9 @@ class Trainer:
             self.dp_degree,
         )
         self.stop = StopFlag()
+        self.peak_tflops = self._peak_tflops()
         self.non_finite = NonFiniteGuard(training.max_non_finite_steps, metrics, self.log)
-        ckpt_dir = resolve_checkpoint_dir(config)
+        ckpt_dir = resolve_checkpoint_dir(config, pod_contract())
         self.checkpointer = (
             Checkpointer(
                 Path(ckpt_dir),
@@ -221,6 +239,18 @@ class Trainer:
             if config.checkpoint.enabled and ckpt_dir and runtime.dims is not None
             else None
         )
+
+    def _peak_tflops(self) -> float | None:
+        """For MFU: metrics.peakTflops, else the GPU's own peak at this precision."""
+        device = self.runtime.device
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+        precision: Literal["bf16", "fp32"] = (
+            "bf16" if self.runtime.dtype == torch.bfloat16 else "fp32"
+        )
+        peak = mfu_peak_tflops(self.config.metrics.peak_tflops, name, precision)
+        if peak is None and name is not None:
+            self.log("mfu_unavailable", device=name, hint="set metrics.peakTflops")
+        return peak
 
     def _build_model(self, vocab: int) -> ParallelModel:
         cfg, runtime = self.config, self.runtime
@@ -293,54 +323,101 @@ class Trainer:
         return result
 
     def _loop(self, start: int, result: RunResult) -> None:
+        """Steps run without waiting on the device; their losses and gradient norms
+        come to the host together at the next settling step (``_settles_at``),
+        which is also where the ranks agree on a stop."""
         cfg = self.config.training
+        pending: list[StepOutcome] = []
+        began = time.perf_counter()
         for step in range(start + 1, cfg.steps + 1):
-            began = time.perf_counter()
-            lr = lr_at(step, self.config)
-            seed_step(self.config, step, self.runtime)
-            for opt in self.optimizers:
-                for group in opt.param_groups:
-                    group["lr"] = lr
-                opt.zero_grad(set_to_none=True)
-            loss = torch.zeros((), device=self.runtime.device)
-            # This rank's rows of the step's global batch, in accumulation chunks.
-            batch_inputs, batch_targets = self._batch("train", cfg.global_batch_size)
-            chunks = zip(
-                batch_inputs.chunk(cfg.grad_accum_steps),
-                batch_targets.chunk(cfg.grad_accum_steps),
-                strict=True,
-            )
-            for index, (inputs, targets) in enumerate(chunks):
-                last = index == cfg.grad_accum_steps - 1
-                with self.autocast():
-                    micro = self.model.forward_backward(
-                        inputs, targets, 1 / cfg.grad_accum_steps, sync_grads=last
-                    )
-                loss += micro / cfg.grad_accum_steps
-            grad_norm = clip_grad_norm(self.model, self.config.optimizer.grad_clip, self.runtime)
-            mean_loss = mean_over_data_parallel(loss, self.runtime)
-            # Both values are reduced over every rank, so all ranks decide alike.
-            finite = math.isfinite(mean_loss) and math.isfinite(grad_norm)
-            if finite:
-                for opt in self.optimizers:
-                    opt.step()
-            record = {"step": step, "loss": mean_loss}
-            record.update(lr=lr, grad_norm=grad_norm, step_seconds=time.perf_counter() - began)
-            result.history.append(record)
-            result.last_step = step
-            self._report(record)
-            self.non_finite.observe(step, finite, mean_loss, grad_norm)
-            if cfg.eval_interval and (step % cfg.eval_interval == 0 or step == cfg.steps):
+            pending.append(self._step(step))
+            if not self._settles_at(step):
+                continue
+            finite = self._settle(pending, time.perf_counter() - began, result)
+            pending = []
+            # Before evaluating: a preempted pod's grace period goes to the save.
+            stopping = self.stop.agreed(self.runtime)
+            if not stopping and self._evaluates_at(step):
                 result.eval_losses[step] = self.evaluate(step)
             if self.checkpointer:
                 self.checkpointer.poll()
-            stopping = self.stop.agreed(self.runtime)
-            if self._should_save(step, stopping, finite):
+            saves = self._should_save(step, stopping, finite)
+            if saves:
                 self.save(step, final=stopping or step == cfg.steps)
             if stopping:
-                result.status = "preempted"
-                self.log("preempted", step=step)
+                result.status = "preempted" if saves else "preempted_unsaved"
+                self.log("preempted", step=step, saved=saves)
                 break
+            began = time.perf_counter()
+
+    def _step(self, step: int) -> StepOutcome:
+        """One optimizer step, with no host sync: a non-finite loss or gradient norm
+        skips the update on the device (fused AdamW's found_inf)."""
+        cfg = self.config.training
+        lr = lr_at(step, self.config)
+        seed_step(self.config, step, self.runtime)
+        for opt in self.optimizers:
+            for group in opt.param_groups:
+                group["lr"] = lr
+            opt.zero_grad(set_to_none=True)
+        loss = torch.zeros((), device=self.runtime.device)
+        # This rank's rows of the step's global batch, in accumulation chunks.
+        batch_inputs, batch_targets = self._batch("train", cfg.global_batch_size)
+        chunks = zip(
+            batch_inputs.chunk(cfg.grad_accum_steps),
+            batch_targets.chunk(cfg.grad_accum_steps),
+            strict=True,
+        )
+        for index, (inputs, targets) in enumerate(chunks):
+            last = index == cfg.grad_accum_steps - 1
+            with self.autocast():
+                micro = self.model.forward_backward(
+                    inputs, targets, 1 / cfg.grad_accum_steps, sync_grads=last
+                )
+            loss += micro / cfg.grad_accum_steps
+        grad_norm = clip_grad_norm(self.model, self.config.optimizer.grad_clip, self.runtime)
+        mean_loss = mean_over_data_parallel(loss, self.runtime)
+        # Both values are reduced over every rank, so all ranks decide alike.
+        finite = torch.isfinite(mean_loss) & torch.isfinite(grad_norm)
+        skip = (~finite).float()
+        for opt in self.optimizers:
+            opt.found_inf = skip  # type: ignore[attr-defined]
+            opt.step()
+        return StepOutcome(step, lr, mean_loss, grad_norm, finite)
+
+    def _settles_at(self, step: int) -> bool:
+        """Steps whose results the host needs: logged, evaluated, checkpointed or last;
+        a lone process also stops at once (it has no peers to agree with)."""
+        cfg = self.config.training
+        checkpoints = self.checkpointer is not None and step % self.config.checkpoint.interval == 0
+        return (
+            step % cfg.log_interval == 0
+            or step == cfg.steps
+            or self._evaluates_at(step)
+            or checkpoints
+            or (self.runtime.world_size == 1 and self.stop.requested)
+        )
+
+    def _settle(self, pending: list[StepOutcome], seconds: float, result: RunResult) -> bool:
+        """Brings the pending steps' values to the host in one transfer, reports and
+        checks them; whether the last of them was finite."""
+        values = torch.stack(
+            [torch.stack([o.loss.float(), o.grad_norm.float(), o.finite.float()]) for o in pending]
+        ).tolist()
+        # Steps queue on the device: only their mean time is known without syncing each.
+        per_step = seconds / len(pending)
+        for outcome, (loss, grad_norm, finite) in zip(pending, values, strict=True):
+            record = {"step": outcome.step, "loss": loss}
+            record.update(lr=outcome.lr, grad_norm=grad_norm, step_seconds=per_step)
+            result.history.append(record)
+            result.last_step = outcome.step
+            self._report(record)
+            self.non_finite.observe(outcome.step, finite == 1.0, loss, grad_norm)
+        return bool(values[-1][2] == 1.0)
+
+    def _evaluates_at(self, step: int) -> bool:
+        every, last = self.config.training.eval_interval, self.config.training.steps
+        return every > 0 and (step % every == 0 or step == last)
 
     def _batch(self, split: str, global_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         inputs, targets = self.sampler.next_batch(split, global_rows)  # type: ignore[arg-type]
@@ -381,7 +458,7 @@ class Trainer:
             for inputs, targets in zip(batch[0].chunk(accum), batch[1].chunk(accum), strict=True):
                 with self.autocast():
                     chunk_loss = self.model.eval_loss(inputs, targets)
-                total += mean_over_data_parallel(chunk_loss, self.runtime) / accum
+                total += float(mean_over_data_parallel(chunk_loss, self.runtime)) / accum
         self.sampler.position["val"] = saved_position
         self.model.train(True)
         loss = total / self.config.training.eval_batches
@@ -412,9 +489,7 @@ class Trainer:
             self.log("step", **record, tokens_per_second=round(tokens_per_second, 1), **extra)
 
     def _mfu(self, tokens_per_second: float) -> float | None:
-        peak = self.config.metrics.peak_tflops
-        if peak is None and self.runtime.device.type == "cuda":
-            peak = H100_BF16_TFLOPS
+        peak = self.peak_tflops
         if peak is None:
             return None
         achieved = tokens_per_second * self.flops_per_token
@@ -487,9 +562,10 @@ def init_distributed(config: TrainConfig) -> None:
     """Joins the process group torchrun (or the pod contract) describes."""
     if dist.is_initialized():
         return
-    device = pick_device(config, int(os.environ.get(contract.LOCAL_RANK, "0")))
+    pod = pod_contract()
+    device = pick_device(config, pod.local_rank)
     backend = "nccl" if device.type == "cuda" else "gloo"
-    if contract.RANK not in os.environ:
+    if pod.process is None:
         # A lone process with no launcher: a private in-memory store.
         store = dist.HashStore()
         dist.init_process_group(backend, store=store, rank=0, world_size=1)
@@ -509,7 +585,7 @@ def run_worker(config: TrainConfig) -> RunResult:
         metrics = None
         if config.metrics.enabled and runtime.local_rank == 0:
             metrics = TrainMetrics()
-            port = metrics.serve(resolve_metrics_port(config))
+            port = metrics.serve(resolve_metrics_port(config, pod_contract()))
             if runtime.is_logger and config.metrics.json_logs:
                 log_json("metrics", port=port)
         return Trainer(config, runtime, metrics).run()

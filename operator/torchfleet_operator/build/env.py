@@ -2,9 +2,15 @@
 
 This is the one place that decides a pod's env. The trainer container's own
 ``env`` in a role template is merged over it in ``pods.py`` (user values win).
+It is also where the job's ``spec.checkpoint`` cadence is written over
+``spec.trainer.checkpoint`` in the rendered trainer config: the trainer only
+reads the result.
 """
 
 from __future__ import annotations
+
+import json
+from typing import Any
 
 from torchfleet_operator.api.v1alpha1 import NetworkSpec, TrainingJobSpec
 from torchfleet_operator.build import names
@@ -15,19 +21,49 @@ from torchfleet_trainer.contract import PodContract
 def contract_env(
     job: str, namespace: str, spec: TrainingJobSpec, node_rank: int, restart: int
 ) -> dict[str, str]:
-    """torchrun's PET_*, MASTER_*, NNODES/NODE_RANK, per-process ranks when 1 per pod."""
+    """torchrun's PET_*, MASTER_*, NNODES/NODE_RANK, per-process ranks when 1 per pod,
+    checkpoint cadence and the trainer config."""
+    checkpoint = spec.checkpoint
     return PodContract(
         job_name=job,
         namespace=namespace,
         master_addr=names.master_address(job, namespace),
         master_port=contract.rendezvous_port(restart),
-        nnodes=spec.nodes,
+        nodes=spec.nodes,
         node_rank=node_rank,
-        nproc_per_node=spec.resolved_processes_per_node,
+        processes_per_node=spec.resolved_processes_per_node,
         restart_count=restart,
-        checkpoint_dir=spec.checkpoint.mount_path if spec.checkpoint else None,
+        checkpoint_dir=checkpoint.mount_path if checkpoint else None,
+        checkpoint_interval=checkpoint.interval_steps if checkpoint else None,
+        checkpoint_keep=checkpoint.keep_last if checkpoint else None,
         metrics_port=contract.DEFAULT_METRICS_PORT,
+        train_config=trainer_config(spec),
     ).to_env()
+
+
+def trainer_config(spec: TrainingJobSpec) -> str | None:
+    """The inline config for torchfleet-train (None for a command of the user's own).
+
+    The job's spec.checkpoint.intervalSteps and keepLast win over
+    spec.trainer.checkpoint's interval and keepLast; the trainer's command-line
+    overrides (spec.args) still win over both."""
+    if not spec.runs_trainer:
+        return None
+    config: dict[str, Any] = (
+        spec.trainer.model_dump(mode="json", by_alias=True, exclude_unset=True)
+        if spec.trainer
+        else {}
+    )
+    policy = {
+        "interval": spec.checkpoint.interval_steps if spec.checkpoint else None,
+        "keepLast": spec.checkpoint.keep_last if spec.checkpoint else None,
+    }
+    policy = {key: value for key, value in policy.items() if value is not None}
+    if policy:
+        config["checkpoint"] = {**config.get("checkpoint", {}), **policy}
+    if spec.trainer is None and not config:
+        return None
+    return json.dumps(config, separators=(",", ":"))
 
 
 # NCCL's interface syntax: a leading ^ excludes, a leading = matches exactly.
@@ -70,29 +106,10 @@ def network_env(network: NetworkSpec) -> dict[str, str]:
     return env
 
 
-def trainer_env(spec: TrainingJobSpec) -> dict[str, str]:
-    """The inline trainer config for torchfleet-train (absent for a user command)."""
-    if not spec.runs_trainer or spec.trainer is None:
-        return {}
-    return {contract.TRAIN_CONFIG: spec.trainer.model_dump_json(by_alias=True, exclude_unset=True)}
-
-
-def checkpoint_env(spec: TrainingJobSpec) -> dict[str, str]:
-    """Checkpoint cadence for scripts the user brings (torchfleet-train reads it too)."""
-    env: dict[str, str] = {}
-    if spec.checkpoint and spec.checkpoint.interval_steps is not None:
-        env[contract.CHECKPOINT_INTERVAL] = str(spec.checkpoint.interval_steps)
-    if spec.checkpoint and spec.checkpoint.keep_last is not None:
-        env[contract.CHECKPOINT_KEEP] = str(spec.checkpoint.keep_last)
-    return env
-
-
 def pod_env(
     job: str, namespace: str, spec: TrainingJobSpec, node_rank: int, restart: int
 ) -> dict[str, str]:
     return {
         **contract_env(job, namespace, spec, node_rank, restart),
-        **checkpoint_env(spec),
         **network_env(spec.network),
-        **trainer_env(spec),
     }

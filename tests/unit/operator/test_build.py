@@ -11,6 +11,7 @@ import yaml
 from torchfleet_operator.api.v1alpha1 import TrainingJob
 from torchfleet_operator.build import podgroup, security, service
 from torchfleet_operator.build.pods import build_pod
+from torchfleet_trainer.config import load_config
 from torchfleet_trainer.contract import PodContract
 
 from .builders import job
@@ -79,7 +80,61 @@ def test_one_process_per_pod_gets_per_process_ranks_for_plain_env_scripts():
     assert env["PET_NNODES"] == "3" and env["PET_NODE_RANK"] == "2"
     # What the trainer reads back is exactly what the operator meant.
     contract = PodContract.from_env(env)
-    assert (contract.nnodes, contract.node_rank, contract.world_size) == (3, 2, 3)
+    assert (contract.nodes, contract.node_rank, contract.world_size) == (3, 2, 3)
+
+
+@pytest.mark.parametrize(
+    ("job_checkpoint", "trainer", "expected"),
+    [
+        # The job's cadence wins over the trainer config's, field by field.
+        (
+            {"intervalSteps": 20, "keepLast": 2},
+            {"checkpoint": {"interval": 50, "keepLast": 5, "asyncSave": True}},
+            (20, 2, True),
+        ),
+        ({"intervalSteps": 20}, {"checkpoint": {"interval": 50, "keepLast": 5}}, (20, 5, False)),
+        # Without a trainer config the job's cadence still reaches the trainer.
+        ({"intervalSteps": 30, "keepLast": 4}, None, (30, 4, False)),
+        # Without a cadence on the job the trainer config's stands.
+        ({}, {"checkpoint": {"interval": 50}}, (50, 3, False)),
+    ],
+)
+def test_rendered_env_gives_the_trainer_the_jobs_checkpoint_cadence(
+    job_checkpoint, trainer, expected
+):
+    spec = {"worker": {"replicas": 1}, "checkpoint": {"claimName": "ckpt", **job_checkpoint}}
+    if trainer is not None:
+        spec["trainer"] = trainer
+    env = env_of(render(spec, rank=1))
+    pod = PodContract.from_env(env)
+    assert pod.checkpoint_dir == "/checkpoints"
+    # What a user's script reads: the job's own values, as the job set them.
+    assert (pod.checkpoint_interval, pod.checkpoint_keep) == (
+        job_checkpoint.get("intervalSteps"),
+        job_checkpoint.get("keepLast"),
+    )
+    # What torchfleet-train runs with: the config the operator rendered, read back.
+    config = load_config(env=env)
+    checkpoint = config.checkpoint
+    assert (checkpoint.interval, checkpoint.keep_last, checkpoint.async_save) == expected
+    # Command-line overrides (spec.args) still win over both.
+    assert load_config(overrides=["checkpoint.interval=7"], env=env).checkpoint.interval == 7
+
+
+def test_a_users_command_gets_the_cadence_but_no_trainer_config():
+    cadence = {"claimName": "ckpt", "intervalSteps": 25, "keepLast": 2}
+    env = env_of(render({"command": ["python", "t.py"], "checkpoint": cadence}, rank=0))
+    pod = PodContract.from_env(env)
+    assert (pod.checkpoint_interval, pod.checkpoint_keep, pod.train_config) == (25, 2, None)
+
+
+def test_termination_grace_defaults_for_a_save_and_a_role_template_sets_its_own():
+    # The default model's save takes well under a second here (trainer README);
+    # a bigger model on slower storage sets the grace its save needs, per role.
+    template = {"spec": {"terminationGracePeriodSeconds": 600}}
+    spec = {"master": {"template": template}}
+    assert render(spec, rank=0)["spec"]["terminationGracePeriodSeconds"] == 600
+    assert render(spec, rank=1)["spec"]["terminationGracePeriodSeconds"] == 30
 
 
 def test_several_processes_per_pod_leave_ranks_to_torchrun():

@@ -141,20 +141,19 @@ def test_cli_refuses_bad_config_with_exit_2(capsys) -> None:
     assert json.loads(capsys.readouterr().out)["training"]["steps"] == 3
 
 
-def test_job_checkpoint_policy_wins_over_inline_config_and_loses_to_overrides() -> None:
+def test_trainer_takes_the_rendered_config_as_is_and_merges_no_env() -> None:
+    # spec.checkpoint's precedence is the operator's to decide when it renders
+    # the config (tests/unit/operator/test_build.py); the trainer adds nothing.
     inline = json.dumps({"checkpoint": {"interval": 50, "keepLast": 5}})
     env = {
         contract.TRAIN_CONFIG: inline,
         contract.CHECKPOINT_INTERVAL: "20",
         contract.CHECKPOINT_KEEP: "2",
     }
-    from_job = load_config(env=env)
-    assert (from_job.checkpoint.interval, from_job.checkpoint.keep_last) == (20, 2)
-    overridden = load_config(overrides=["checkpoint.interval=7"], env=env)
-    assert overridden.checkpoint.interval == 7
-    assert load_config(env={contract.TRAIN_CONFIG: inline}).checkpoint.interval == 50
+    loaded = load_config(env=env)
+    assert (loaded.checkpoint.interval, loaded.checkpoint.keep_last) == (50, 5)
 
 
-def test_bad_job_checkpoint_policy_names_the_variable() -> None:
+def test_a_malformed_contract_variable_is_a_config_error_naming_it() -> None:
     with pytest.raises(ConfigError, match="TORCHFLEET_CHECKPOINT_INTERVAL must be an integer"):
         load_config(env={contract.CHECKPOINT_INTERVAL: "often"})

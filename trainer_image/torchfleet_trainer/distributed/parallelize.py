@@ -8,6 +8,7 @@ so it shards the final parameters (DTensors from TP included).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 from torchfleet_trainer.config import ConfigError, TrainConfig
-from torchfleet_trainer.distributed.data_parallel import apply_ddp, apply_fsdp
+from torchfleet_trainer.distributed.data_parallel import apply_ddp, apply_fsdp, find_blocks
 from torchfleet_trainer.distributed.parallel_dims import ParallelDims
 from torchfleet_trainer.distributed.pipeline import build_schedule, split_model
 from torchfleet_trainer.distributed.tensor_parallel import apply_tensor_parallel
@@ -105,21 +106,45 @@ def _require_decoder(model: nn.Module, what: str) -> None:
         )
 
 
+def wrap_blocks(part: nn.Module, config: TrainConfig) -> None:
+    """Activation checkpointing and compile, block by block; a model without the
+    named container gets neither, and says so rather than silently."""
+    checkpoints = config.training.activation_checkpointing == "full"
+    if not (checkpoints or config.training.compile):
+        return
+    container = find_blocks(part, config.model.blocks)
+    if container is None:
+        warnings.warn(
+            f"model.blocks: this model has no {config.model.blocks!r} container of blocks "
+            "(a ModuleDict, ModuleList or Sequential), so training.activationCheckpointing "
+            "and training.compile do nothing; set model.blocks to the attribute path of the "
+            "model's blocks",
+            UserWarning,
+            stacklevel=2,
+        )
+        return
+    for name, block in list(container.named_children()):
+        if checkpoints:
+            block = checkpoint_wrapper(block, preserve_rng_state=True)
+            container.register_module(name, block)
+        if config.training.compile:
+            block.compile()
+
+
 def _apply_within_stage(
     part: nn.Module, config: TrainConfig, dims: ParallelDims, param_dtype: torch.dtype
 ) -> None:
     if dims.degrees.tp > 1:
         apply_tensor_parallel(part, dims.mesh["tp"], config.parallel.sequence_parallel)
-    layers = getattr(part, "layers", None)
-    if isinstance(layers, nn.ModuleDict):
-        for name, block in list(layers.items()):
-            if config.training.activation_checkpointing == "full":
-                block = checkpoint_wrapper(block, preserve_rng_state=True)
-                layers[name] = block
-            if config.training.compile:
-                block.compile()
+    wrap_blocks(part, config)
     if dims.uses_fsdp:
-        apply_fsdp(part, dims.dp_mesh(), param_dtype, config.parallel.reshard_after_forward)
+        apply_fsdp(
+            part,
+            dims.dp_mesh(),
+            param_dtype,
+            config.parallel.reshard_after_forward,
+            config.model.blocks,
+        )
     elif dims.uses_ddp:
         apply_ddp(part, dims.mesh["dp_replicate"])
 
