@@ -9,6 +9,10 @@ and held to the bounds of the status schema (read from the API model, so the
 two cannot drift). A figure outside them is dropped, never passed through: one
 bad value in a merge patch gets the whole status write refused (422), phase
 and restartCount included. Derived figures (percent, ETA) are clamped.
+
+It also decides which progress is current: when a gang ends the status shows
+the step the next gang resumes from (``resumed``), and a scrape older than
+that, or taken before the gang ran, is the old gang's (``is_current``).
 """
 
 from __future__ import annotations
