@@ -124,3 +124,22 @@ def test_a_restart_is_counted_in_the_time_accounting() -> None:
     assert account["checkpointSeconds"] == 4
     assert account["recomputedSeconds"] == pytest.approx(96 * 100 / 300)
     assert account["gang"] == {"startStep": 200, "runningSeconds": 0, "checkpointSecondsBefore": 4}
+
+
+def test_suspending_a_running_gang_also_shows_the_step_it_will_resume_from() -> None:
+    status = running(lastCheckpoint={"step": 250})
+    p = plan(job(suspend=True), observed(*gang(), progress=LAST_SCRAPE), at(100), CONFIG, status)
+    assert p.status["phase"] == "Suspended"
+    assert p.status["progress"] == {
+        "step": 250,
+        "totalSteps": 1000,
+        "percent": 25,
+        "updateTime": stamp(100),
+    }
+
+
+def test_a_running_gang_keeps_its_scraped_figures() -> None:
+    # Not a gang end: the latest scrape stays whole (rates, loss, ETA).
+    newer = LAST_SCRAPE | {"step": 310, "updateTime": stamp(99)}
+    p = plan(job(), observed(*gang(), progress=newer), at(100), CONFIG, status=running())
+    assert p.status["phase"] == "Running" and p.status["progress"] == newer
