@@ -98,6 +98,7 @@ class Controller:
         self.caches = Caches()
         self.queue: WorkQueue[JobKey] = WorkQueue()
         self.phases = metrics.PhaseTracker()
+        self.goodput = metrics.GoodputTracker()
         # One thread per worker. (asyncio.to_thread's shared default pool has
         # cpu_count + 4 threads: 6 on a 2-core node, silently capping `workers`.)
         self._passes = ThreadPoolExecutor(config.workers, thread_name_prefix="reconcile")
@@ -123,6 +124,7 @@ class Controller:
         self._expectations.pop(key, None)
         self._api_failures.pop(key, None)
         self.phases.forget(key)
+        self.goodput.forget(key)
         self.progress.forget(key)
         if uid:
             self._last_status.pop(uid, None)
@@ -336,6 +338,7 @@ class Controller:
         if status != current and not self._write_status(key, uid, current, status, decided):
             delay = _sooner(delay, self._api_backoff(key))
         self.phases.set(key, status.get("phase") or "Pending")
+        self.goodput.set(key, status)
         log.debug(
             "%s/%s: %s, created %d, deleted %d, %d refused, next pass in %s",
             namespace,

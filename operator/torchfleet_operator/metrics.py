@@ -7,7 +7,9 @@ which the benchmark reads to report the operator's RSS and CPU time.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
@@ -60,6 +62,30 @@ TASK_RESTARTS = Counter(
     ["task"],
 )
 
+JOB_GOODPUT = Gauge(
+    "torchfleet_operator_job_goodput",
+    "Per job: the share of the time it was allowed to run (running + restarting) spent on "
+    "steps that were kept (status.goodput)",
+    ["job_namespace", "job_name"],
+)
+JOB_TIME_SECONDS = Gauge(
+    "torchfleet_operator_job_time_seconds",
+    "Per job: where its wall time went (status.timeAccounting). component: wall = queued + "
+    "suspended + restarting + running; running = productive + recomputed + checkpoint",
+    ["job_namespace", "job_name", "component"],
+)
+# component label -> status.timeAccounting key
+TIME_COMPONENTS = {
+    "wall": "wallSeconds",
+    "queued": "queuedSeconds",
+    "suspended": "suspendedSeconds",
+    "restarting": "restartingSeconds",
+    "running": "runningSeconds",
+    "productive": "productiveSeconds",
+    "recomputed": "recomputedSeconds",
+    "checkpoint": "checkpointSeconds",
+}
+
 LEADER = Gauge(
     "torchfleet_operator_leader",
     "1 while this replica holds the leader Lease (or runs without leader election), else 0",
@@ -103,6 +129,45 @@ class PhaseTracker:
     def _drop(key: JobKey, phase: str) -> None:
         JOBS.labels(phase=phase).dec()
         JOB_PHASE.remove(key[0], key[1], phase)
+
+
+class GoodputTracker:
+    """Keeps ``torchfleet_operator_job_goodput`` and ``torchfleet_operator_job_time_seconds``
+    equal to each job's status; a deleted job's series are removed."""
+
+    def __init__(self) -> None:
+        self._known: set[JobKey] = set()
+        self._lock = threading.Lock()
+
+    def set(self, key: JobKey, status: dict[str, Any]) -> None:
+        account = status.get("timeAccounting")
+        if not isinstance(account, dict):
+            return
+        with self._lock:
+            self._known.add(key)
+            for component, field in TIME_COMPONENTS.items():
+                value = account.get(field)
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    JOB_TIME_SECONDS.labels(*key, component).set(value)
+            fraction = status.get("goodput")
+            if isinstance(fraction, int | float) and not isinstance(fraction, bool):
+                JOB_GOODPUT.labels(*key).set(fraction)
+            else:
+                _remove(JOB_GOODPUT, *key)
+
+    def forget(self, key: JobKey) -> None:
+        with self._lock:
+            if key not in self._known:
+                return
+            self._known.discard(key)
+            _remove(JOB_GOODPUT, *key)
+            for component in TIME_COMPONENTS:
+                _remove(JOB_TIME_SECONDS, *key, component)
+
+
+def _remove(gauge: Gauge, *labels: str) -> None:
+    with contextlib.suppress(KeyError):  # never set
+        gauge.remove(*labels)
 
 
 def serve(port: int, address: str = "0.0.0.0") -> None:

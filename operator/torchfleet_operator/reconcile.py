@@ -44,7 +44,9 @@ from torchfleet_operator.policy.failure import (
     restart_backoff,
 )
 from torchfleet_operator.status import conditions as cond
+from torchfleet_operator.status import goodput
 from torchfleet_operator.status import podgroup as podgroup_status
+from torchfleet_operator.status import progress as progress_status
 from torchfleet_operator.status.counts import nodes_ready, replica_statuses
 
 FINISHED = (c.PHASE_SUCCEEDED, c.PHASE_FAILED)
@@ -58,6 +60,9 @@ CONDITION_SCHEDULED = "Scheduled"
 REASON_POD_INVALID = "PodInvalid"
 # A child's name is held by an object this job does not control; it is not used.
 REASON_NAME_CONFLICT = "NameConflict"
+# Status keys the time accounting writes (status/goodput.py).
+TIME_ACCOUNTING = "timeAccounting"
+ACCOUNTING_KEYS = (TIME_ACCOUNTING, "goodput")
 # Failed reasons that delete every pod whatever cleanPodPolicy says.
 HOLDS_NOTHING = ("DeadlineExceeded", "BackoffLimitExceeded", c.REASON_INVALID_SPEC)
 
@@ -108,6 +113,18 @@ class Plan:
         )
 
 
+def _without(status: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    return {key: value for key, value in status.items() if key not in keys}
+
+
+def _gang_ended(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """This pass ends the gang: a restart, or a running gang suspended or evicted."""
+    if int(new.get("restartCount") or 0) > int(old.get("restartCount") or 0):
+        return True
+    stopped = (c.PHASE_PENDING, c.PHASE_SUSPENDED, c.PHASE_RESTARTING)
+    return old.get("phase") == c.PHASE_RUNNING and new.get("phase") in stopped
+
+
 def timestamp(now: datetime) -> str:
     return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -141,6 +158,8 @@ class _Pass:
         self.uid: str = meta.get("uid", "")
         self.generation = meta.get("generation")
         self.labels: dict[str, str] = dict(meta.get("labels") or {})
+        created = meta.get("creationTimestamp")
+        self.created = parse_time(created) if isinstance(created, str) else None
         self.old_status = status
         self.status: dict[str, Any] = dict(status)
         self.observed = observed
@@ -179,12 +198,49 @@ class _Pass:
     def finalize(self) -> Plan:
         if self.generation is not None:
             self.status["observedGeneration"] = self.generation
+        self._account()
         old_phase = self.old_status.get("phase")
         new_phase = self.status.get("phase")
         if new_phase != old_phase and new_phase:
             self.plan.events.append(self._phase_event(new_phase))
         self.plan.status = self.status
         return self.plan
+
+    def _account(self) -> None:
+        """Ends a gang's progress and time accounting when this pass ends the gang,
+        and advances the time accounting (status/goodput.py)."""
+        old, new = self.old_status, self.status
+        ended = _gang_ended(old, new)
+        progress = new.get("progress") if isinstance(new.get("progress"), dict) else None
+        checkpoint = (new.get("lastCheckpoint") or {}).get("step")
+        checkpoint = checkpoint if isinstance(checkpoint, int) else None
+        if ended:
+            # The next gang resumes from the checkpoint: show that step at once,
+            # not the old gang's last until the new master is scraped.
+            reset = progress_status.resumed(progress, checkpoint, self.stamp)
+            if reset is None:
+                new.pop("progress", None)
+            else:
+                new["progress"] = reset
+        accounted = goodput.account(
+            old.get(TIME_ACCOUNTING),
+            phase_before=old.get("phase"),
+            phase_now=new.get("phase"),
+            gang_ended=ended,
+            progress=progress,
+            checkpoint_step=checkpoint,
+            now=self.now,
+            created=self.created,
+            status_changed=_without(new, ACCOUNTING_KEYS) != _without(old, ACCOUNTING_KEYS),
+        )
+        if accounted is None:
+            return
+        new[TIME_ACCOUNTING] = accounted
+        fraction = goodput.goodput(accounted)
+        if fraction is None:
+            new.pop("goodput", None)
+        else:
+            new["goodput"] = fraction
 
     def _phase_event(self, phase: str) -> EventSpec:
         found = cond.find(self.status.get("conditions"), phase)
@@ -554,8 +610,18 @@ def _count(step: _Pass, gang: list[ObservedPod], nodes: int) -> None:
 
 
 def _progress(step: _Pass) -> None:
+    """The latest scrape into status.progress, unless it is the old gang's."""
     observed = step.observed
-    if observed.progress is not None:
+    shown = step.status.get("progress")
+    running = cond.find(step.status.get("conditions"), c.CONDITION_RUNNING) or {}
+    since = running.get("lastTransitionTime") if running.get("status") == "True" else None
+    if (
+        observed.progress is not None
+        and step.old_status.get("phase") == c.PHASE_RUNNING  # only a running gang is scraped
+        and progress_status.is_current(
+            observed.progress, shown if isinstance(shown, dict) else None, since
+        )
+    ):
         step.status["progress"] = observed.progress
     last = (step.status.get("lastCheckpoint") or {}).get("step")
     if observed.checkpoint_step is not None and observed.checkpoint_step != last:

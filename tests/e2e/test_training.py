@@ -10,6 +10,7 @@ the job's status, and the series in Prometheus.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import signal
 import time
@@ -229,13 +230,53 @@ def test_progress_and_checkpoint_in_status_and_printer_columns(shakespeare: Shak
     # pass dropped (the status write nulls it), not just the pass's copy.
     assert status["progress"]["percent"] == 100 and "etaSeconds" not in status["progress"]
     midway = [p for p in shakespeare.progress_seen if 0 < p["step"] < TOTAL_STEPS]
-    assert midway, "status.progress never showed a run in progress"
-    assert all(p["loss"] > 0 and p["tokensPerSecond"] > 0 for p in midway)
-    assert any("etaSeconds" in p for p in midway)
+    # A scrape carries the trainer's rates; the reset at the gang restart does not.
+    scraped = [p for p in midway if "tokensPerSecond" in p]
+    assert scraped, "status.progress never showed a run in progress"
+    assert all(p["loss"] > 0 and p["tokensPerSecond"] > 0 for p in scraped)
+    assert any("etaSeconds" in p for p in scraped)
+    # Never stale: between the restart and the new gang's first scrape, status
+    # showed the step the new gang resumes from (a checkpoint the first gang saved).
+    resets = {p["step"] for p in midway if "tokensPerSecond" not in p}
+    saved = {e["step"] for e in events(shakespeare.first_master_log, "checkpoint")}
+    assert resets, "status never showed the resumed step before the new gang's scrape"
+    assert resets <= saved, (resets, saved)
     # kubectl get tj shows the percentage column while it runs.
     percents = {row.split()[4] for row in shakespeare.printed_rows if len(row.split()) > 4}
     assert any(p.isdigit() and 0 < int(p) < 100 for p in percents), shakespeare.printed_rows[-5:]
     assert shakespeare.claim_dir is not None and any(shakespeare.claim_dir.iterdir())
+
+
+# The accounting's buckets are whole seconds between the status's timestamps, and
+# the splits of running time are rounded to the millisecond.
+GOODPUT_SUM_TOLERANCE = 0.01
+
+
+def test_goodput_after_the_restart_is_below_one_and_adds_up(shakespeare: ShakespeareRun):
+    status = shakespeare.job["status"]
+    account = status["timeAccounting"]
+    assert 0 < status["goodput"] < 1, status  # the restart cost time
+    assert account["restartingSeconds"] > 0
+    phases = ("queuedSeconds", "suspendedSeconds", "restartingSeconds", "runningSeconds")
+    parts = ("productiveSeconds", "recomputedSeconds", "checkpointSeconds")
+    assert sum(account[k] for k in phases) == pytest.approx(
+        account["wallSeconds"], abs=GOODPUT_SUM_TOLERANCE
+    )
+    assert sum(account[k] for k in parts) == pytest.approx(
+        account["runningSeconds"], abs=GOODPUT_SUM_TOLERANCE
+    )
+    # The wall time is the job's life: from its creation to its completion.
+    created = shakespeare.job["metadata"]["creationTimestamp"]
+    assert (account["since"], account["until"]) == (created, status["completionTime"])
+    allowed = account["runningSeconds"] + account["restartingSeconds"]
+    assert status["goodput"] == pytest.approx(account["productiveSeconds"] / allowed, abs=1e-4)
+
+
+def test_the_percentage_went_back_only_with_the_step(shakespeare: ShakespeareRun):
+    seen = [p for p in shakespeare.progress_seen if "percent" in p]
+    for before, after in itertools.pairwise(seen):
+        if after["percent"] < before["percent"]:
+            assert after["step"] < before["step"], (before, after)
 
 
 def test_prometheus_has_the_trainer_and_operator_series(shakespeare: ShakespeareRun, prometheus):

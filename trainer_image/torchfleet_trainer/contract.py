@@ -82,6 +82,7 @@ METRIC_LOSS = "torchfleet_train_loss"
 METRIC_TOKENS_PER_SECOND = "torchfleet_train_tokens_per_second"
 METRIC_STEP_SECONDS = "torchfleet_train_step_seconds"  # a histogram: its _sum and _count
 METRIC_CHECKPOINT_STEP = "torchfleet_checkpoint_step"
+METRIC_MFU = "torchfleet_train_mfu_ratio"  # 0-1
 
 
 class ContractError(ValueError):

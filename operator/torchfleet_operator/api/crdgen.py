@@ -197,6 +197,35 @@ def _printer_columns() -> list[dict[str, Any]]:
             "jsonPath": ".status.progress.percent",
             "description": "Training progress in percent",
         },
+        # -o wide only (priority 1): what the trainer last reported, and goodput.
+        {
+            "name": "Loss",
+            "type": "number",
+            "jsonPath": ".status.progress.loss",
+            "description": "Most recent training loss",
+            "priority": 1,
+        },
+        {
+            "name": "Tokens/s",
+            "type": "number",
+            "jsonPath": ".status.progress.tokensPerSecond",
+            "description": "Training throughput over the whole gang",
+            "priority": 1,
+        },
+        {
+            "name": "MFU",
+            "type": "number",
+            "jsonPath": ".status.progress.mfu",
+            "description": "Model FLOPs utilisation (0-1)",
+            "priority": 1,
+        },
+        {
+            "name": "Goodput",
+            "type": "number",
+            "jsonPath": ".status.goodput",
+            "description": "Share of the time allowed to run spent on steps that were kept",
+            "priority": 1,
+        },
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
 

@@ -813,7 +813,61 @@ class ProgressStatus(StatusModel):
         None, ge=0, description="Training throughput over the whole gang."
     )
     eta_seconds: int | None = Field(None, ge=0, description="Estimated time to finish.")
-    update_time: datetime | None = Field(None, description="When this was observed.")
+    mfu: float | None = Field(
+        None, ge=0, le=1, description="Model FLOPs utilisation against the peak (0-1)."
+    )
+    checkpoint_save_seconds: float | None = Field(
+        None,
+        ge=0,
+        description="Time the current gang's training loop was blocked saving checkpoints.",
+    )
+    update_time: datetime | None = Field(
+        None,
+        description="When this was observed; a gang restart resets progress to the last "
+        "checkpoint's step with this time, and older scrapes are then ignored.",
+    )
+
+
+class GangAccounting(StatusModel):
+    """The current gang's share of the time accounting (what its end needs)."""
+
+    start_step: int = Field(0, ge=0, description="The step this gang resumed from.")
+    running_seconds: float = Field(0, ge=0, description="Time this gang ran whole.")
+    checkpoint_seconds_before: float = Field(
+        0, ge=0, description="Time blocked on checkpoint saves by the gangs before this one."
+    )
+
+
+class TimeAccounting(StatusModel):
+    """Where the job's wall time went (status/goodput.py). Every pass adds the
+    time since ``until`` to the bucket of the phase the job was in, so the
+    buckets always add up to wallSeconds: queued + suspended + restarting +
+    running = wall, and running = productive + recomputed + checkpoint."""
+
+    since: datetime | None = Field(None, description="When the accounting started.")
+    until: datetime | None = Field(None, description="Time accounted up to.")
+    wall_seconds: float = Field(0, ge=0, description="until - since.")
+    queued_seconds: float = Field(
+        0, ge=0, description="Pending: waiting for admission, scheduling or the first gang."
+    )
+    suspended_seconds: float = Field(0, ge=0, description="Suspended.")
+    restarting_seconds: float = Field(
+        0, ge=0, description="Restart latency: from a gang's end until the next one runs whole."
+    )
+    running_seconds: float = Field(0, ge=0, description="The whole gang running and training.")
+    recomputed_seconds: float = Field(
+        0,
+        ge=0,
+        description="Running time spent on steps a restart threw away (done after the last "
+        "checkpoint, so done again).",
+    )
+    checkpoint_seconds: float = Field(
+        0, ge=0, description="Running time the training loop was blocked saving checkpoints."
+    )
+    productive_seconds: float = Field(
+        0, ge=0, description="Running time spent on steps that were kept."
+    )
+    gang: GangAccounting | None = Field(None, description="The current gang's bookkeeping.")
 
 
 class TrainingJobStatus(StatusModel):
@@ -863,6 +917,16 @@ class TrainingJobStatus(StatusModel):
         None, description="The newest complete checkpoint."
     )
     progress: ProgressStatus | None = Field(None, description="Training progress.")
+    goodput: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Fraction of the time the job was allowed to run (running + restarting) "
+        "spent on steps that were kept: timeAccounting.productiveSeconds over that time.",
+    )
+    time_accounting: TimeAccounting | None = Field(
+        None, description="Where the job's wall time went; goodput's components."
+    )
     observed_generation: int | None = Field(
         None, ge=0, description="metadata.generation last reconciled."
     )

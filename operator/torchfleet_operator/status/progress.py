@@ -9,6 +9,10 @@ and held to the bounds of the status schema (read from the API model, so the
 two cannot drift). A figure outside them is dropped, never passed through: one
 bad value in a merge patch gets the whole status write refused (422), phase
 and restartCount included. Derived figures (percent, ETA) are clamped.
+
+It also decides which progress is current: when a gang ends the status shows
+the step the next gang resumes from (``resumed``), and a scrape older than
+that, or taken before the gang ran, is the old gang's (``is_current``).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
 from torchfleet_operator.api.v1alpha1 import CheckpointStatus, ProgressStatus
+from torchfleet_operator.status.goodput import parse_stamp
 from torchfleet_trainer import contract
 
 STEP = contract.METRIC_STEP
@@ -31,6 +36,10 @@ TOKENS_PER_SECOND = contract.METRIC_TOKENS_PER_SECOND
 STEP_SECONDS_SUM = contract.METRIC_STEP_SECONDS + "_sum"
 STEP_SECONDS_COUNT = contract.METRIC_STEP_SECONDS + "_count"
 CHECKPOINT_STEP = contract.METRIC_CHECKPOINT_STEP
+MFU = contract.METRIC_MFU
+# The trainer's checkpoint-save histogram (torchfleet_trainer/metrics.py; not in the
+# contract): its _sum is the time this gang's loop was blocked saving.
+CHECKPOINT_SAVE_SECONDS_SUM = "torchfleet_checkpoint_save_seconds_sum"
 WANTED = {
     STEP,
     TOTAL_STEPS,
@@ -39,6 +48,8 @@ WANTED = {
     STEP_SECONDS_SUM,
     STEP_SECONDS_COUNT,
     CHECKPOINT_STEP,
+    MFU,
+    CHECKPOINT_SAVE_SECONDS_SUM,
 }
 # The status keys filled from a scrape: optional, so a refused write can go without them.
 SCRAPED_STATUS_KEYS = ("progress", "lastCheckpoint")
@@ -138,7 +149,49 @@ def progress_from_metrics(text: str, now: str) -> tuple[dict[str, Any] | None, i
     throughput = _bounded_float(gauges.get(TOKENS_PER_SECOND), ProgressStatus, "tokens_per_second")
     if throughput is not None:
         progress["tokensPerSecond"] = round(throughput, 3)
+    mfu = _bounded_float(gauges.get(MFU), ProgressStatus, "mfu")
+    if mfu is not None:
+        progress["mfu"] = round(mfu, 4)
+    saving = _bounded_float(
+        gauges.get(CHECKPOINT_SAVE_SECONDS_SUM), ProgressStatus, "checkpoint_save_seconds"
+    )
+    if saving is not None:
+        progress["checkpointSaveSeconds"] = round(saving, 3)
     return progress, checkpoint
+
+
+def is_current(
+    scraped: dict[str, Any], shown: dict[str, Any] | None, running_since: str | None
+) -> bool:
+    """Whether a scrape may replace the progress shown: it must be newer than what
+    is shown (a gang restart stamps its reset, so the old gang's last scrape,
+    still held by the poller, never comes back) and taken while this gang runs
+    (a scrape in flight across the restart is the old gang's)."""
+    taken = parse_stamp(scraped.get("updateTime"))
+    if taken is None:
+        return False
+    before = parse_stamp((shown or {}).get("updateTime"))
+    if before is not None and taken <= before:
+        return False
+    since = parse_stamp(running_since)
+    return since is None or taken >= since
+
+
+def resumed(
+    progress: dict[str, Any] | None, checkpoint_step: int | None, now: str
+) -> dict[str, Any] | None:
+    """status.progress once a gang ended: the step the next gang resumes from (the
+    last complete checkpoint's, or 0 without one), percent recomputed. The old
+    gang's rates, loss and ETA go: they described a gang that no longer runs."""
+    if progress is None and checkpoint_step is None:
+        return None
+    step = checkpoint_step or 0
+    reset: dict[str, Any] = {"step": step, "updateTime": now}
+    total = (progress or {}).get("totalSteps")
+    if isinstance(total, int) and total > 0:
+        reset["totalSteps"] = total
+        reset["percent"] = _clamped_int(100 * step / total, ProgressStatus, "percent")
+    return reset
 
 
 def _eta_seconds(gauges: dict[str, float], step: int, total: int) -> int | None:

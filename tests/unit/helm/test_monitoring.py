@@ -108,7 +108,7 @@ def test_alerts_and_dashboard_use_only_series_the_code_exposes(helm: Helm) -> No
     assert referenced <= exposed, f"not exposed by any code: {sorted(referenced - exposed)}"
 
 
-def test_dashboard_shows_progress_loss_throughput_mfu_restarts_and_phases(helm: Helm) -> None:
+def test_dashboard_shows_training_figures_goodput_restarts_and_phases(helm: Helm) -> None:
     configmap = find_object(helm.template([MONITORING]), "ConfigMap")
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
     dashboard = json.loads(configmap["data"]["torchfleet.json"])
@@ -122,6 +122,8 @@ def test_dashboard_shows_progress_loss_throughput_mfu_restarts_and_phases(helm: 
         "MFU": "torchfleet_train_mfu_ratio",
         "Gang restarts": "torchfleet_operator_gang_restarts_total",
         "Jobs by phase": "torchfleet_operator_jobs",
+        "Goodput": "torchfleet_operator_job_goodput",
+        "Where the time went": "torchfleet_operator_job_time_seconds",
     }.items():
         assert series in series_by_title[title], title
     assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import REGISTRY
 
-from torchfleet_operator.metrics import PhaseTracker
+from torchfleet_operator.metrics import TIME_COMPONENTS, GoodputTracker, PhaseTracker
 
 
 def job_phase(namespace: str, job: str, phase: str) -> float | None:
@@ -34,3 +34,37 @@ def test_phase_series_move_with_the_job_and_go_when_it_is_forgotten():
 
     tracker.forget(key)
     assert job_phase(*key, "Succeeded") is None
+
+
+def job_time(namespace: str, job: str, component: str) -> float | None:
+    labels = {"job_namespace": namespace, "job_name": job, "component": component}
+    return REGISTRY.get_sample_value("torchfleet_operator_job_time_seconds", labels)
+
+
+def test_goodput_series_follow_the_status_and_go_with_the_job():
+    tracker = GoodputTracker()
+    key = ("ml-team", "goodput-test-job")
+    account = {
+        "wallSeconds": 640,
+        "queuedSeconds": 10,
+        "suspendedSeconds": 0,
+        "restartingSeconds": 30,
+        "runningSeconds": 600,
+        "productiveSeconds": 500,
+        "recomputedSeconds": 100,
+        "checkpointSeconds": 0,
+    }
+    tracker.set(key, {"phase": "Pending"})  # nothing accounted yet: no series
+    assert job_time(*key, "wall") is None
+    tracker.set(key, {"timeAccounting": account, "goodput": 0.7937})
+    assert {c: job_time(*key, c) for c in TIME_COMPONENTS} == {
+        c: account[field] for c, field in TIME_COMPONENTS.items()
+    }
+    labels = {"job_namespace": key[0], "job_name": key[1]}
+    assert REGISTRY.get_sample_value("torchfleet_operator_job_goodput", labels) == 0.7937
+    tracker.set(key, {"timeAccounting": account | {"wallSeconds": "x"}})  # junk is skipped
+    assert job_time(*key, "wall") == 640
+    assert REGISTRY.get_sample_value("torchfleet_operator_job_goodput", labels) is None
+    tracker.forget(key)
+    assert all(job_time(*key, c) is None for c in TIME_COMPONENTS)
+    tracker.forget(key)  # twice is fine

@@ -115,6 +115,26 @@ CASES: list[tuple[str, str, dict[str, Any] | None, int | None]] = [
         None,
     ),
     ("a good checkpoint step", metrics(STEP="5", CHECKPOINT_STEP="4"), {"step": 5}, 4),
+    ("an MFU in 0-1 is kept", metrics(STEP="5", MFU="0.37"), {"step": 5, "mfu": 0.37}, None),
+    (
+        "an MFU above 1 is dropped (schema maximum 1)",
+        metrics(STEP="5", MFU="1.5"),
+        {"step": 5},
+        None,
+    ),
+    ("a NaN MFU is dropped", metrics(STEP="5", MFU="NaN"), {"step": 5}, None),
+    (
+        "checkpoint save time: the histogram's _sum",
+        "torchfleet_checkpoint_save_seconds_sum 12.5\ntorchfleet_train_step 5\n",
+        {"step": 5, "checkpointSaveSeconds": 12.5},
+        None,
+    ),
+    (
+        "a negative checkpoint save time is dropped",
+        "torchfleet_checkpoint_save_seconds_sum -1\ntorchfleet_train_step 5\n",
+        {"step": 5},
+        None,
+    ),
 ]
 
 
@@ -165,6 +185,9 @@ def test_the_trainers_own_metrics_parse_into_progress():
     trainer.checkpoint_step.set(40)
     trainer.loss.set(2.5)
     trainer.tokens_per_second.set(1000.0)
+    trainer.mfu.set(0.42)
+    trainer.checkpoint_save_seconds.observe(1.5)
+    trainer.checkpoint_save_seconds.observe(2.0)
     for _ in range(5):
         trainer.step_seconds.observe(2.0)
     progress, checkpoint = progress_from_metrics(generate_latest(trainer.registry).decode(), NOW)
@@ -175,6 +198,8 @@ def test_the_trainers_own_metrics_parse_into_progress():
         "etaSeconds": 300,
         "loss": 2.5,
         "tokensPerSecond": 1000.0,
+        "mfu": 0.42,
+        "checkpointSaveSeconds": 3.5,  # the loop's time blocked on saves, summed
         "updateTime": NOW,
     }
     assert checkpoint == 40

@@ -1,0 +1,210 @@
+"""status.timeAccounting and status.goodput: where a job's wall time went. Pure.
+
+Each pass adds the time since ``until`` to the bucket of the phase the job
+was in during it (the phase the stored status shows), then moves ``until`` to
+now. Everything it needs is in the status, so a pass run twice, or the first
+pass of a restarted operator, adds each second exactly once: the time the
+operator was down goes to the phase the job was last seen in.
+
+Buckets (whole seconds, from the status's one-second timestamps, so they add
+up exactly): queued (Pending: waiting for admission, scheduling or the first
+gang) + suspended + restarting (a gang's end until the next one runs whole:
+the restart latency) + running = wall. Running splits into checkpoint (the
+loop blocked saving, from the trainer's save histogram), recomputed (steps
+done after the last checkpoint by a gang that then ended: done again) and
+productive (the rest). Time lost to restarts is restarting + recomputed.
+goodput = productive / (running + restarting): the share of the time the job
+was allowed to run that went into steps that were kept.
+
+When a gang ends its steps since the last checkpoint are lost: their time is
+the gang's running time (less its saves) times the share of its observed
+steps that came after the checkpoint. A gang with no scrape showing a step
+loses nothing it could be blamed for (the figure is unknown, not zero work).
+
+To keep status writes rare, a pass that changes nothing else flushes only
+every FLUSH_SECONDS (a flush is a status write, whose watch event is a pass).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from torchfleet_operator.api import constants as c
+
+FLUSH_SECONDS = 60
+FINISHED = (c.PHASE_SUCCEEDED, c.PHASE_FAILED)
+BUCKET_OF_PHASE = {
+    c.PHASE_RUNNING: "runningSeconds",
+    c.PHASE_RESTARTING: "restartingSeconds",
+    c.PHASE_SUSPENDED: "suspendedSeconds",
+}
+QUEUED = "queuedSeconds"  # Pending, or no phase yet
+PHASE_BUCKETS = ("queuedSeconds", "suspendedSeconds", "restartingSeconds", "runningSeconds")
+RUNNING_PARTS = ("productiveSeconds", "recomputedSeconds", "checkpointSeconds")
+
+
+def _stamp(now: datetime) -> str:
+    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_stamp(raw: Any) -> datetime | None:
+    """A status timestamp, or None when it is missing or not one (never raises)."""
+    if not isinstance(raw, str) or not raw:
+        return None
+    try:
+        parsed = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+
+
+def _seconds(raw: Any) -> float:
+    """A stored duration; anything else (hostile, missing, negative) is 0."""
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not raw >= 0:
+        return 0.0
+    return float(raw)
+
+
+def _step(raw: Any) -> int | None:
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+        return None
+    return raw
+
+
+def fresh(start: datetime, checkpoint_step: int | None) -> dict[str, Any]:
+    """An empty account starting at ``start``."""
+    when = _stamp(start)
+    account: dict[str, Any] = {"since": when, "until": when, "wallSeconds": 0}
+    account |= dict.fromkeys(PHASE_BUCKETS + RUNNING_PARTS, 0)
+    account["gang"] = _gang(checkpoint_step, 0.0)
+    return account
+
+
+def _gang(checkpoint_step: int | None, checkpoint_seconds_before: float) -> dict[str, Any]:
+    return {
+        "startStep": checkpoint_step or 0,
+        "runningSeconds": 0,
+        "checkpointSecondsBefore": _round(checkpoint_seconds_before),
+    }
+
+
+def _round(seconds: float) -> float | int:
+    rounded = round(seconds, 3)
+    return int(rounded) if rounded == int(rounded) else rounded
+
+
+def _readable(previous: Any) -> bool:
+    """A stored account this pass can add to (else it starts afresh, never crashes)."""
+    return (
+        isinstance(previous, dict)
+        and parse_stamp(previous.get("since")) is not None
+        and parse_stamp(previous.get("until")) is not None
+    )
+
+
+def recomputed_seconds(
+    gang: dict[str, Any], progress: dict[str, Any] | None, checkpoint_step: int | None
+) -> float:
+    """Running time a gang that just ended spent on steps after the last checkpoint."""
+    running = _seconds(gang.get("runningSeconds"))
+    start = _step(gang.get("startStep")) or 0
+    last_seen = _step((progress or {}).get("step"))
+    if running <= 0 or last_seen is None or last_seen <= start:
+        return 0.0
+    kept = max(start, checkpoint_step or 0)
+    lost_steps = max(0, last_seen - kept)
+    training = max(0.0, running - _seconds((progress or {}).get("checkpointSaveSeconds")))
+    return min(running, training * lost_steps / (last_seen - start))
+
+
+def account(
+    previous: Any,
+    *,
+    phase_before: str | None,
+    phase_now: str | None,
+    gang_ended: bool,
+    progress: dict[str, Any] | None,
+    checkpoint_step: int | None,
+    now: datetime,
+    created: datetime | None,
+    status_changed: bool,
+) -> dict[str, Any] | None:
+    """The account after this pass; ``previous`` itself when there is nothing to write.
+
+    ``progress`` is this pass's, before any reset (its checkpointSaveSeconds
+    is the gang's, its step the gang's last seen); ``checkpoint_step`` the
+    newest complete checkpoint; ``created`` the job's creationTimestamp (a
+    job's first pass counts from it; a job found mid-life counts from now).
+    """
+    if phase_before in FINISHED:
+        return previous if isinstance(previous, dict) else None
+    now = now.replace(microsecond=0)
+    if not _readable(previous):
+        start = created if phase_before is None and created is not None else now
+        previous = fresh(min(start, now), checkpoint_step)
+    until = parse_stamp(previous["until"])
+    assert until is not None
+    now = max(now, until)  # a clock behind the last writer's adds nothing (and never subtracts)
+    elapsed = (now - until).total_seconds()
+    due = (
+        gang_ended
+        or status_changed
+        or phase_now != phase_before
+        or phase_now in FINISHED
+        or elapsed >= FLUSH_SECONDS
+    )
+    if not due:
+        return previous
+    updated = _advanced(previous, phase_before, elapsed, now)
+    gang = updated["gang"]
+    saving_now = min(
+        _seconds((progress or {}).get("checkpointSaveSeconds")), _seconds(gang["runningSeconds"])
+    )
+    if gang_ended:
+        updated["recomputedSeconds"] = _round(
+            _seconds(updated.get("recomputedSeconds"))
+            + recomputed_seconds(gang, progress, checkpoint_step)
+        )
+        before = _seconds(gang.get("checkpointSecondsBefore")) + saving_now
+        updated["gang"] = gang = _gang(checkpoint_step, before)
+        saving_now = 0.0
+    updated["checkpointSeconds"] = _round(
+        _seconds(gang.get("checkpointSecondsBefore")) + saving_now
+    )
+    running = _seconds(updated["runningSeconds"])
+    lost = _seconds(updated["recomputedSeconds"]) + _seconds(updated["checkpointSeconds"])
+    updated["productiveSeconds"] = _round(max(0.0, running - lost))
+    return updated
+
+
+def _advanced(
+    previous: dict[str, Any], phase: str | None, elapsed: float, now: datetime
+) -> dict[str, Any]:
+    """``previous`` with ``elapsed`` seconds added to ``phase``'s bucket, until now."""
+    updated = {key: previous.get(key, 0) for key in PHASE_BUCKETS + RUNNING_PARTS}
+    updated |= {"since": previous.get("since"), "until": _stamp(now)}
+    bucket = BUCKET_OF_PHASE.get(phase or "", QUEUED)
+    updated[bucket] = _round(_seconds(previous.get(bucket)) + elapsed)
+    stored = previous.get("gang")
+    known: dict[str, Any] = stored if isinstance(stored, dict) else {}
+    gang = {
+        "startStep": _step(known.get("startStep")) or 0,
+        "runningSeconds": _seconds(known.get("runningSeconds")),
+        "checkpointSecondsBefore": _seconds(known.get("checkpointSecondsBefore")),
+    }
+    if bucket == "runningSeconds":
+        gang["runningSeconds"] = _round(gang["runningSeconds"] + elapsed)
+    updated["gang"] = gang
+    updated["wallSeconds"] = _round(sum(_seconds(updated[key]) for key in PHASE_BUCKETS))
+    return updated
+
+
+def goodput(account_: dict[str, Any] | None) -> float | None:
+    """productive / (running + restarting); None before the job was allowed to run."""
+    if not account_:
+        return None
+    allowed = _seconds(account_.get("runningSeconds")) + _seconds(account_.get("restartingSeconds"))
+    if allowed <= 0:
+        return None
+    return round(min(1.0, _seconds(account_.get("productiveSeconds")) / allowed), 4)
