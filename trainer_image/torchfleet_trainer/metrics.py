@@ -35,9 +35,7 @@ class TrainMetrics:
         self.tokens_per_second = gauge(
             contract.METRIC_TOKENS_PER_SECOND, "Training tokens per second, all ranks."
         )
-        self.mfu = gauge(
-            "torchfleet_train_mfu_ratio", "Model FLOPs utilisation against the peak (0-1)."
-        )
+        self.mfu = gauge(contract.METRIC_MFU, "Model FLOPs utilisation against the peak (0-1).")
         self.gpu_memory = gauge(
             "torchfleet_train_gpu_memory_bytes", "Peak GPU memory allocated by this process."
         )
