@@ -7,7 +7,7 @@ scale), and the planner takes them as plain data. Pure: no client imports.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from torchfleet_operator.api.constants import TRAINER_CONTAINER_NAME
@@ -30,13 +30,21 @@ def _int_label(labels: dict[str, str], key: str) -> int | None:
         return None
 
 
-def parse_time(raw: str | None) -> datetime | None:
-    if not raw:
+def parse_time(raw: Any) -> datetime | None:
+    """A Kubernetes timestamp as an aware datetime; None when it is missing or not
+    one (never raises: statuses and pods are read, not trusted)."""
+    if not isinstance(raw, str) or not raw:
         return None
     try:
-        return datetime.fromisoformat(raw.replace("Z", "+00:00"))
+        parsed = datetime.fromisoformat(raw.replace("Z", "+00:00"))
     except ValueError:
         return None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+
+
+def timestamp(now: datetime) -> str:
+    """A status timestamp: RFC 3339, UTC, whole seconds."""
+    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)

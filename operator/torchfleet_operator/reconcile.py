@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from torchfleet_operator.api import constants as c
@@ -35,7 +35,7 @@ from torchfleet_operator.build import workload as workload_builder
 from torchfleet_operator.build.labels import ROLE_LABEL
 from torchfleet_operator.build.pods import build_pod, pod_name_for_rank
 from torchfleet_operator.config import OperatorConfig
-from torchfleet_operator.observed import Observed, ObservedPod, parse_time
+from torchfleet_operator.observed import Observed, ObservedPod, parse_time, timestamp
 from torchfleet_operator.policy import admission, clean_pod, deadline, success, suspend, ttl
 from torchfleet_operator.policy.failure import (
     Failure,
@@ -125,10 +125,6 @@ def _gang_ended(old: dict[str, Any], new: dict[str, Any]) -> bool:
     return old.get("phase") == c.PHASE_RUNNING and new.get("phase") in stopped
 
 
-def timestamp(now: datetime) -> str:
-    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def validation_problem(body: dict[str, Any]) -> tuple[TrainingJob | None, str | None]:
     """The parsed job, or the problem with it naming the field."""
     try:
@@ -159,7 +155,7 @@ class _Pass:
         self.generation = meta.get("generation")
         self.labels: dict[str, str] = dict(meta.get("labels") or {})
         created = meta.get("creationTimestamp")
-        self.created = parse_time(created) if isinstance(created, str) else None
+        self.created = parse_time(created)
         self.old_status = status
         self.status: dict[str, Any] = dict(status)
         self.observed = observed

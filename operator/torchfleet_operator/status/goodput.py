@@ -27,10 +27,11 @@ every FLUSH_SECONDS (a flush is a status write, whose watch event is a pass).
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from torchfleet_operator.api import constants as c
+from torchfleet_operator.observed import parse_time, timestamp
 
 FLUSH_SECONDS = 60
 FINISHED = (c.PHASE_SUCCEEDED, c.PHASE_FAILED)
@@ -42,21 +43,6 @@ BUCKET_OF_PHASE = {
 QUEUED = "queuedSeconds"  # Pending, or no phase yet
 PHASE_BUCKETS = ("queuedSeconds", "suspendedSeconds", "restartingSeconds", "runningSeconds")
 RUNNING_PARTS = ("productiveSeconds", "recomputedSeconds", "checkpointSeconds")
-
-
-def _stamp(now: datetime) -> str:
-    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_stamp(raw: Any) -> datetime | None:
-    """A status timestamp, or None when it is missing or not one (never raises)."""
-    if not isinstance(raw, str) or not raw:
-        return None
-    try:
-        parsed = datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
 
 
 def _seconds(raw: Any) -> float:
@@ -74,7 +60,7 @@ def _step(raw: Any) -> int | None:
 
 def fresh(start: datetime, checkpoint_step: int | None) -> dict[str, Any]:
     """An empty account starting at ``start``."""
-    when = _stamp(start)
+    when = timestamp(start)
     account: dict[str, Any] = {"since": when, "until": when, "wallSeconds": 0}
     account |= dict.fromkeys(PHASE_BUCKETS + RUNNING_PARTS, 0)
     account["gang"] = _gang(checkpoint_step, 0.0)
@@ -98,8 +84,8 @@ def _readable(previous: Any) -> bool:
     """A stored account this pass can add to (else it starts afresh, never crashes)."""
     return (
         isinstance(previous, dict)
-        and parse_stamp(previous.get("since")) is not None
-        and parse_stamp(previous.get("until")) is not None
+        and parse_time(previous.get("since")) is not None
+        and parse_time(previous.get("until")) is not None
     )
 
 
@@ -143,7 +129,7 @@ def account(
     if not _readable(previous):
         start = created if phase_before is None and created is not None else now
         previous = fresh(min(start, now), checkpoint_step)
-    until = parse_stamp(previous["until"])
+    until = parse_time(previous["until"])
     assert until is not None
     now = max(now, until)  # a clock behind the last writer's adds nothing (and never subtracts)
     elapsed = (now - until).total_seconds()
@@ -183,7 +169,7 @@ def _advanced(
 ) -> dict[str, Any]:
     """``previous`` with ``elapsed`` seconds added to ``phase``'s bucket, until now."""
     updated = {key: previous.get(key, 0) for key in PHASE_BUCKETS + RUNNING_PARTS}
-    updated |= {"since": previous.get("since"), "until": _stamp(now)}
+    updated |= {"since": previous.get("since"), "until": timestamp(now)}
     bucket = BUCKET_OF_PHASE.get(phase or "", QUEUED)
     updated[bucket] = _round(_seconds(previous.get(bucket)) + elapsed)
     stored = previous.get("gang")

@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
 from torchfleet_operator.api.v1alpha1 import CheckpointStatus, ProgressStatus
-from torchfleet_operator.status.goodput import parse_stamp
+from torchfleet_operator.observed import parse_time
 from torchfleet_trainer import contract
 
 STEP = contract.METRIC_STEP
@@ -167,13 +167,13 @@ def is_current(
     is shown (a gang restart stamps its reset, so the old gang's last scrape,
     still held by the poller, never comes back) and taken while this gang runs
     (a scrape in flight across the restart is the old gang's)."""
-    taken = parse_stamp(scraped.get("updateTime"))
+    taken = parse_time(scraped.get("updateTime"))
     if taken is None:
         return False
-    before = parse_stamp((shown or {}).get("updateTime"))
+    before = parse_time((shown or {}).get("updateTime"))
     if before is not None and taken <= before:
         return False
-    since = parse_stamp(running_since)
+    since = parse_time(running_since)
     return since is None or taken >= since
 
 

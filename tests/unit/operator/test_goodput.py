@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from torchfleet_operator.api.v1alpha1 import TrainingJobStatus
+from torchfleet_operator.observed import parse_time
 from torchfleet_operator.status import goodput as gp
 
 from .builders import at, stamp
@@ -166,7 +167,7 @@ def test_buckets_add_up_to_the_wall_time(case: Case) -> None:
     running = sum(account[key] for key in gp.RUNNING_PARTS)
     assert phases == pytest.approx(account["wallSeconds"], abs=SUM_TOLERANCE)
     assert running == pytest.approx(account["runningSeconds"], abs=SUM_TOLERANCE)
-    since, until = gp.parse_stamp(account["since"]), gp.parse_stamp(account["until"])
+    since, until = parse_time(account["since"]), parse_time(account["until"])
     assert since is not None and until is not None
     assert (until - since).total_seconds() == account["wallSeconds"]
 
