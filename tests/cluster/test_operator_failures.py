@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import tempfile
 import time
 from collections.abc import Iterator
@@ -81,6 +82,18 @@ def looser_crd(cluster: Any) -> Iterator[None]:
         yaml.safe_dump(loose, file)
         file.flush()
         cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", file.name)
+    # Established is not enough: the apiserver validates with the new schema a
+    # moment later. Wait until a server-side dry run of a loose spec passes.
+    probe = {
+        "apiVersion": "torchfleet.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": "loose-probe", "namespace": "default"},
+        "spec": {**spec(workers=1), **NOT_UNDERSTOOD},
+    }
+    deadline = time.monotonic() + 30
+    while not _accepted(cluster, probe):
+        assert time.monotonic() < deadline, "the apiserver never served the looser CRD"
+        time.sleep(0.2)
     try:
         yield
     finally:
@@ -88,6 +101,13 @@ def looser_crd(cluster: Any) -> Iterator[None]:
 
 
 NOT_UNDERSTOOD = {"futureField": 1, "runPolicy": {"backoffLimit": -1}}
+
+
+def _accepted(cluster: Any, manifest: dict[str, Any]) -> bool:
+    out = cluster.kubectl(
+        "create", "--dry-run=server", "-f", "-", input=json.dumps(manifest), check=False
+    )
+    return out.returncode == 0
 
 
 def test_a_spec_the_operator_no_longer_understands_neither_kills_nor_revives_jobs(
