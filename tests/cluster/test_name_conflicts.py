@@ -43,6 +43,28 @@ def _claim(name: str) -> dict[str, Any]:
     }
 
 
+def _volume_for(cluster: Any, request: Any, namespace: str, claim: str) -> None:
+    """A volume that only the job's own claim can bind (this cluster has no provisioner).
+
+    ReadWriteMany only: the squatter asks for ReadWriteOnce, so it never binds
+    the volume meant for the job's gang-shared claim of the same name.
+    """
+    name = f"{namespace}-{claim}"[:63]
+    volume = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": name},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteMany"],
+            "hostPath": {"path": f"/tmp/{name}"},
+            "claimRef": {"namespace": namespace, "name": claim},
+        },
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(volume))
+    request.addfinalizer(lambda: cluster.kubectl("delete", "pv", name, "--wait=false", check=False))
+
+
 def _conflict(job_driver: Any, namespace: str, job: str) -> dict[str, Any]:
     def found() -> dict[str, Any] | None:
         for condition in job_driver.status(namespace, job).get("conditions", []):
@@ -67,8 +89,10 @@ def _conflict(job_driver: Any, namespace: str, job: str) -> dict[str, Any]:
     ],
 )
 def test_a_name_held_by_someone_else_is_a_conflict_and_never_used(
-    shared_operator, job_driver, cluster, namespace, job, squatter, kind, extra
+    shared_operator, job_driver, cluster, namespace, job, squatter, kind, extra, request
 ):
+    if kind == "PersistentVolumeClaim":
+        _volume_for(cluster, request, namespace, squatter["metadata"]["name"])
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(squatter))
     job_driver.create(namespace, job, spec(workers=1, **extra))
     condition = _conflict(job_driver, namespace, job)
