@@ -92,7 +92,11 @@ class ProgressPoller(Generic[K]):
                 asyncio.timeout(self.scrape_seconds),
             ):  # aiohttp's too, belt and braces
                 text = await self._fetch(session, ip)
-            found = progress_from_metrics(text, timestamp(datetime.now(UTC)))
+            # Parsing up to MAX_RESPONSE_BYTES of text takes long enough to stall
+            # kopf's watches if done on the loop: it runs in a worker thread.
+            found = await asyncio.to_thread(
+                progress_from_metrics, text, timestamp(datetime.now(UTC))
+            )
             self._retry_at.pop(key, None)
             if found[0] is None:
                 return
