@@ -760,8 +760,14 @@ class Condition(StatusModel):
     """A Kubernetes-style condition (metav1.Condition)."""
 
     type: Annotated[str, StringConstraints(max_length=316)] = Field(
-        description="Condition type: Created, Running, Restarting, Suspended, Succeeded, Failed; "
-        "with Kueue also QuotaReserved, Admitted (mirrored from the Workload) and Evicted."
+        description="Condition type. Lifecycle: Created, Running, Restarting, Suspended, "
+        "Succeeded, Failed. Scheduled (False while a pod of the gang waits for the scheduler, "
+        "in its words) and GangScheduled (the PodGroup's phase with a gang scheduler). "
+        "ChildrenRejected (the apiserver refused a child: reasons CreateRejected, PodInvalid, "
+        "PodSecurityRejected, NameConflict, PodGroupCRDMissing). SpecNotUnderstood (the "
+        "stored spec no longer parses under this operator; the job goes on as it is). "
+        "With Kueue also QuotaReserved, "
+        "Admitted (mirrored from the Workload) and Evicted."
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: Annotated[str, StringConstraints(max_length=1024)] | None = Field(
