@@ -133,7 +133,7 @@ demo: venv deps cluster-build prometheus-build cluster-up ## train a TrainingJob
 	$(PY) dev/demo.py
 
 .PHONY: demo-down
-demo-down: ## stop what the demo left running (agent, operator, Prometheus)
+demo-down: ## stop what the demo left running (agent, operator, Prometheus, TensorBoard)
 	$(PY) dev/demo.py down
 
 # ---- benchmarks ---------------------------------------------------------------

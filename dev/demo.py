@@ -3,12 +3,14 @@
     python dev/demo.py          # run the demo (expects `make venv cluster-up` done)
     python dev/demo.py down     # stop what the demo left running
 
-Starts the node agent (pods run as processes here), the operator, and a real
-Prometheus; applies examples/shakespeare-ddp.yaml; shows `kubectl get tj`
-live; kills one worker rank midway; shows the gang restart and the resume from
-the last checkpoint; ends when the job has Succeeded, printing where the
-checkpoints and Prometheus are. The agent, operator and Prometheus keep running
-afterwards so both can be looked at; `down` stops them.
+Starts the node agent (pods run as processes here), the operator, a real
+Prometheus and TensorBoard (on the job's <checkpoint dir>/tensorboard, port
+$TORCHFLEET_DEMO_TENSORBOARD_PORT, default 6006); applies
+examples/shakespeare-ddp.yaml; shows `kubectl get tj` live; kills one worker
+rank midway; shows the gang restart and the resume from the last checkpoint;
+ends when the job has Succeeded, printing where the checkpoints, Prometheus and
+TensorBoard are. The agent, operator, Prometheus and TensorBoard keep running
+afterwards so they can be looked at; `down` stops them.
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ LOCAL_NODES = f"{agent_node.LOCAL_NODE_LABEL}={agent_node.DEFAULT_SESSION}"
 BRIDGE, CIDR, GATEWAY = "tfdemo0", "10.253.0.0/16", "10.253.0.1"
 CORPUS_BYTES = 1_100_000
 KILL_AFTER_CHECKPOINT_STEP = 100
+TENSORBOARD_PORT = int(os.environ.get("TORCHFLEET_DEMO_TENSORBOARD_PORT", "6006"))
+# What the demo starts and `down` stops, by pid file; the agent last (it stops the pods).
+STOPPED_IN_ORDER = ("tensorboard", "operator", "agent")
 
 
 def say(message: str) -> None:
@@ -115,6 +120,27 @@ def start_operator(metrics_port: int, health_port: int) -> subprocess.Popen[byte
         "TORCHFLEET_OPERATOR_PROGRESS_INTERVAL_SECONDS": "3",
     }
     return _spawn("operator", command, env)
+
+
+def tensorboard_argv(logdir: Path, port: int) -> list[str]:
+    """TensorBoard (this interpreter's, from the trainer extra) on the loopback,
+    re-reading the event files every few seconds while the job writes them."""
+    argv = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir)]
+    return [*argv, "--host", "127.0.0.1", "--port", str(port), "--reload_interval", "2"]
+
+
+def checkpoint_claim_dir() -> Path:
+    """The job's checkpoint volume, as the agent keeps it on this machine."""
+    return STATE / "agent" / "volumes" / NAMESPACE / f"{JOB}-checkpoint"
+
+
+def start_tensorboard() -> str:
+    """TensorBoard on the job's curves (the trainer's default directory); its URL."""
+    logdir = checkpoint_claim_dir() / "tensorboard"
+    process = _spawn("tensorboard", tensorboard_argv(logdir, TENSORBOARD_PORT), {})
+    url = f"http://127.0.0.1:{TENSORBOARD_PORT}"
+    wait_for("TensorBoard", lambda: http_ok(f"{url}/data/environment"), 60, process)
+    return url
 
 
 def _spawn(name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -279,7 +305,7 @@ def report(status: dict[str, Any]) -> None:
 def down() -> None:
     """Stops what an earlier demo left running (agent last: it stops the pods)."""
     prom.stop(STATE / "prometheus")
-    for name in ("operator", "agent"):
+    for name in STOPPED_IN_ORDER:
         pid_file = STATE / f"{name}.pid"
         if not pid_file.exists():
             continue
@@ -343,18 +369,22 @@ def main() -> None:
     say("Prometheus, discovering pods and the operator through the API server")
     running = prom.start(str(KUBECONFIG), STATE / "prometheus")
     print(f"    {running.url}")
+    say("TensorBoard, on the job's curves as its rank 0 writes them")
+    tensorboard_url = start_tensorboard()
+    print(f"    {tensorboard_url}")
 
     started = time.monotonic()
     try:
         run_job()
-        summary(running.url, (time.monotonic() - started) / 60, args.down_after)
+        minutes = (time.monotonic() - started) / 60
+        summary(running.url, tensorboard_url, minutes, args.down_after)
     finally:
         if args.down_after:
             down()
 
 
-def summary(prometheus_url: str, minutes: float, going_down: bool) -> None:
-    claim = STATE / "agent" / "volumes" / NAMESPACE / f"{JOB}-checkpoint"
+def summary(prometheus_url: str, tensorboard_url: str, minutes: float, going_down: bool) -> None:
+    claim = checkpoint_claim_dir()
     say(f"done: the job ran in {minutes:.1f} min")
     print(f"    checkpoints:  {claim}")
     for path in sorted(claim.glob("*"))[:10]:
@@ -367,10 +397,12 @@ def summary(prometheus_url: str, minutes: float, going_down: bool) -> None:
         "torchfleet_operator_jobs",
     ):
         print(f"                  {query}")
+    print(f"    TensorBoard:  {tensorboard_url}  (loss, eval loss, lr, tokens/s, ...; event files")
+    print(f"                  in {claim / 'tensorboard'})")
     print(f"    logs:         {STATE}/agent/pods/<namespace>_<pod>_<uid>/logs/")
     if not going_down:
         print(
-            "    still running: node agent, operator, Prometheus; "
+            "    still running: node agent, operator, Prometheus, TensorBoard; "
             "stop them with `make demo-down` (python dev/demo.py down)"
         )
 

@@ -15,6 +15,13 @@ from . import node as nodes
 from .agent import Agent, AgentConfig
 
 
+def name_value(text: str) -> tuple[str, str]:
+    name, equals, value = text.partition("=")
+    if not name or not equals:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, value
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="nodeagent", description=__doc__)
     parser.add_argument("--kubeconfig", required=True)
@@ -47,6 +54,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="first on every container's PATH (the node's 'image')",
     )
     parser.add_argument(
+        "--container-env",
+        action="append",
+        default=[],
+        type=name_value,
+        metavar="NAME=VALUE",
+        help="put NAME=VALUE in every container's environment (repeat for more), as "
+        "a node image's ENV would",
+    )
+    parser.add_argument(
         "--keep-nodes", action="store_true", help="leave the Node objects registered on exit"
     )
     return parser.parse_args(argv)
@@ -67,6 +83,7 @@ def main(argv: list[str] | None = None) -> None:
         cidr=args.cidr,
         session=args.session,
         bin_dir=args.bin_dir,
+        extra_env=dict(args.container_env),
     )
     agent = Agent(config)
 

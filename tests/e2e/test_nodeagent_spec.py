@@ -237,3 +237,18 @@ def test_pods_resolve_host_names_from_files_only():
         "passwd:         files\nhosts:          files\nnetworks:       files\n"
     )
     assert "hosts:          files" in runtime.files_only_nsswitch("passwd: files\n")
+
+
+def test_container_env_flags_reach_every_container_and_bad_ones_are_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from nodeagent.__main__ import parse_args
+    from nodeagent.agent import AgentConfig, base_env
+
+    required = ["--kubeconfig", "k", "--state-dir", "s"]
+    args = parse_args([*required, "--container-env", "PYTHONPATH=/a:/b=c"])
+    config = AgentConfig("k", ["n"], Path("s"), extra_env=dict(args.container_env))
+    assert base_env(config)["PYTHONPATH"] == "/a:/b=c"
+    with pytest.raises(SystemExit):
+        parse_args([*required, "--container-env", "NOVALUE"])
+    assert "expected NAME=VALUE, got 'NOVALUE'" in capsys.readouterr().err

@@ -5,13 +5,15 @@ tensor makes the host wait for the device to finish all queued work. The
 trainer runs in this process with those instrumented, each call attributed to
 the step last started; only the steps whose values the host needs (here the
 log steps and the last) may have any, and one each: their batch of losses and
-gradient norms comes over in one transfer.
+gradient norms comes over in one transfer. TensorBoard curves are on, so they
+are proved to add no sync either.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -37,8 +39,10 @@ CONFIG = [
 SYNCING = ("item", "tolist", "__float__", "__int__", "__bool__")
 
 
-def test_only_log_steps_bring_values_to_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    config = load_config(overrides=CONFIG, env={})
+def test_only_log_steps_bring_values_to_the_host(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    config = load_config(overrides=[*CONFIG, f"tensorboard.dir={tmp_path}"], env={})
     trainer = Trainer(config, build_runtime(config, distributed=False), TrainMetrics())
     current: dict[str, int] = {"step": 0}
     syncs: list[int] = []
@@ -68,3 +72,4 @@ def test_only_log_steps_bring_values_to_the_host(monkeypatch: pytest.MonkeyPatch
     assert len({r["loss"] for r in result.history}) == 12
     assert trainer.metrics is not None
     assert trainer.metrics.registry.get_sample_value("torchfleet_train_step") == 12
+    assert list(tmp_path.glob("events.out.tfevents.*")), "TensorBoard wrote no event file"

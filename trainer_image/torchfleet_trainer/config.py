@@ -377,6 +377,23 @@ class MetricsConfig(_Section):
     )
 
 
+class TensorBoardConfig(_Section):
+    """TensorBoard event files, written by rank 0."""
+
+    enabled: bool = Field(
+        True,
+        description="Write TensorBoard curves (loss, eval loss, learning rate, grad norm, "
+        "tokens/s, MFU, step time, peak GPU memory, checkpoint save time) and, at step 0, "
+        "the config and parallel layout.",
+    )
+    dir: str | None = Field(
+        None,
+        max_length=4096,
+        description="Event file directory; defaults to <checkpoint dir>/tensorboard, so a "
+        "resumed run appends to the same curves. With neither, nothing is written.",
+    )
+
+
 class TrainConfig(_Section):
     """Everything torchfleet-train needs; `{}` is a valid (synthetic, small) config."""
 
@@ -399,6 +416,9 @@ class TrainConfig(_Section):
     )
     metrics: MetricsConfig = Field(
         default_factory=MetricsConfig, description="Prometheus metrics and JSON logs."
+    )
+    tensorboard: TensorBoardConfig = Field(
+        default_factory=TensorBoardConfig, description="TensorBoard event files."
     )
 
     @model_validator(mode="after")

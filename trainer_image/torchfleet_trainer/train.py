@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from torchfleet_trainer import tensorboard
 from torchfleet_trainer.checkpoint import Checkpointer
 from torchfleet_trainer.config import (
     TrainConfig,
@@ -36,6 +37,7 @@ from torchfleet_trainer.models.meta_init import (
     reference_buffers,
 )
 from torchfleet_trainer.schedule import lr_at
+from torchfleet_trainer.tensorboard import TensorBoardLog
 
 
 @dataclass
@@ -228,6 +230,8 @@ class Trainer:
         self.peak_tflops = self._peak_tflops()
         self.non_finite = NonFiniteGuard(training.max_non_finite_steps, metrics, self.log)
         ckpt_dir = resolve_checkpoint_dir(config, pod_contract())
+        self.tensorboard_dir = tensorboard.resolve_dir(config, ckpt_dir)
+        self.tensorboard: TensorBoardLog | None = None
         self.checkpointer = (
             Checkpointer(
                 Path(ckpt_dir),
@@ -311,6 +315,7 @@ class Trainer:
         start = self.resume()
         result = RunResult("completed", start, start)
         self.model.train()
+        self._open_tensorboard(start)
         try:
             self._loop(start, result)
         except TrainingDiverged:
@@ -318,9 +323,25 @@ class Trainer:
             if self.checkpointer:
                 self.checkpointer.wait()
             raise
+        finally:
+            if self.tensorboard:
+                self.tensorboard.close()
         if self.checkpointer:
             self.checkpointer.wait()
         return result
+
+    def _open_tensorboard(self, start: int) -> None:
+        """Rank 0 only; after the resume, whose step decides what earlier files lose."""
+        if not self.runtime.is_logger:
+            return
+        self.tensorboard = TensorBoardLog.open(self.tensorboard_dir, start)
+        if self.tensorboard is None:
+            return
+        self.log("tensorboard", dir=str(self.tensorboard_dir))
+        if start == 0:
+            degrees = self.runtime.dims.degrees if self.runtime.dims else None
+            summary = tensorboard.config_summary(self.config, degrees, self.runtime.world_size)
+            self.tensorboard.config(summary)
 
     def _loop(self, start: int, result: RunResult) -> None:
         """Steps run without waiting on the device; their losses and gradient norms
@@ -442,6 +463,8 @@ class Trainer:
         seconds = self.checkpointer.save(step, self.train_state(step), force_sync=final)
         if self.metrics:
             self.metrics.checkpoint_save_seconds.observe(seconds)
+        if self.tensorboard:
+            self.tensorboard.checkpoint_saved(step, seconds)
         self.log("checkpoint", step=step, blocked_seconds=round(seconds, 4))
 
     @torch.no_grad()
@@ -464,6 +487,8 @@ class Trainer:
         loss = total / self.config.training.eval_batches
         if self.metrics:
             self.metrics.eval_loss.set(loss)
+        if self.tensorboard:
+            self.tensorboard.eval_loss(step, loss)
         self.log("eval", step=step, val_loss=round(loss, 6))
         return loss
 
@@ -472,6 +497,9 @@ class Trainer:
         tokens = self.config.training.global_batch_size * self.config.data.seq_len
         tokens_per_second = tokens / step_seconds
         mfu = self._mfu(tokens_per_second)
+        # The allocator's own counter: no device sync.
+        on_cuda = self.runtime.device.type == "cuda"
+        peak_memory = torch.cuda.max_memory_allocated(self.runtime.device) if on_cuda else None
         if self.metrics:
             m = self.metrics
             m.step.set(record["step"])
@@ -481,12 +509,17 @@ class Trainer:
             m.step_seconds.observe(step_seconds)
             if mfu is not None:
                 m.mfu.set(mfu)
-            if self.runtime.device.type == "cuda":
-                m.gpu_memory.set(torch.cuda.max_memory_allocated(self.runtime.device))
+            if peak_memory is not None:
+                m.gpu_memory.set(peak_memory)
         step = int(record["step"])
         if step % self.config.training.log_interval == 0 or step == self.config.training.steps:
             extra = {"mfu": round(mfu, 4)} if mfu is not None else {}
             self.log("step", **record, tokens_per_second=round(tokens_per_second, 1), **extra)
+            if self.tensorboard:
+                curves = {**record, "tokens_per_second": tokens_per_second, "mfu": mfu}
+                if peak_memory is not None:
+                    curves["peak_gpu_memory_gib"] = peak_memory / 2**30
+                self.tensorboard.step(step, curves)
 
     def _mfu(self, tokens_per_second: float) -> float | None:
         peak = self.peak_tflops
