@@ -143,7 +143,7 @@ bench-operator: venv cluster-build ## operator vs. bare client at N jobs (JOBS=1
 	$(PY) benchmarks/bench_operator.py --jobs $${JOBS:-100}
 
 .PHONY: bench-trainer
-bench-trainer: venv ## nanoGPT recipe + 1B Llama tokens/s and MFU on a GPU; a quick CPU run without one
+bench-trainer: venv ## nanoGPT recipe, 1B Llama tokens/s + MFU vs compiled/eager plain loops, checkpoints; quick CPU run without a GPU
 	if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; \
 	then $(PY) benchmarks/bench_trainer.py --device cuda $${BENCH_ARGS:-}; \
 	else $(PY) benchmarks/bench_trainer.py --device cpu --quick $${BENCH_ARGS:-}; fi

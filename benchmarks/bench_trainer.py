@@ -1,29 +1,50 @@
-"""Trainer benchmarks: time-to-loss on Shakespeare and tokens/s + MFU against a plain loop.
+"""Trainer benchmarks: time-to-loss on Shakespeare, tokens/s + MFU against plain loops, checkpoints.
 
 (a) nanoGPT's shakespeare-char recipe (6 layers, 6 heads, 384 wide, context
     256, batch 64, lr 1e-3, dropout 0.2, 5,000 iterations) through
     torchfleet's Trainer: best validation loss (target <= 1.47) and wall time.
+(b) A Llama-style model of about 1B parameters on synthetic tokens: tokens/s
+    and MFU of four variants at the largest batch all of them fit:
+    ``torchfleet`` (the Trainer at world size 1), ``torchfleet_fsdp2`` (the
+    same with FSDP2 forced at shard degree 1), ``plain_compiled`` (a
+    hand-written loop over the same model, data and optimizer with
+    ``torch.compile``) and ``plain_eager`` (the same loop without compile, for
+    reference). The headline ratio is against ``plain_compiled``, so it
+    measures what torchfleet adds, not what compile adds.
 (c) Checkpoints: DCP save/load bytes per second against the disk's own
-    write speed (the same bytes written and fsynced as one file), and how long
-    the loop is blocked by an asynchronous save compared with a blocking one.
-(b) A Llama-style model of about 1B parameters on synthetic tokens at the
-    largest batch that fits: tokens/s and MFU (against --peak-tflops, 989 =
-    H100 SXM dense bf16), next to a plain eager single-GPU loop over the same
-    model and data in the same run; the ratio is reported.
+    write speed (the same bytes written and fsynced as one file), how long the
+    loop is blocked by an asynchronous save compared with a blocking one, and
+    load from a cold page cache: another process wrote the checkpoint, whose
+    pages are evicted (fsync + posix_fadvise(DONTNEED), or with --drop-caches
+    the kernel's whole page cache where that is allowed) and measured with
+    mincore before the load.
+
+Every measurement runs in a process of its own (``--child``), so one
+variant's compiled graphs, allocator state or out-of-memory never colours the
+next; an out-of-memory child moves the search to the next smaller batch.
+All variants are timed alike: an optimizer step hook synchronises the device
+at window boundaries only (after warm-up steps), so no variant syncs per step.
 
 GPU recipe (one H100):  python benchmarks/bench_trainer.py --device cuda
 CPU smoke run:          python benchmarks/bench_trainer.py --device cpu --quick
+On CPU compile is off unless --compile-on-cpu (inductor's C++ build of even
+the tiny model takes minutes on a small machine), so the quick run compares
+eager loops and skips ``plain_compiled``.
 Figures are printed and written to benchmarks/results/trainer-<device>.json.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import ctypes
 import datetime
 import json
+import mmap
+import os
 import platform
 import shutil
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,21 +58,23 @@ import torch.nn.functional as F
 
 from torchfleet_trainer.config import TrainConfig
 from torchfleet_trainer.data import BatchSampler, load_corpus
+from torchfleet_trainer.metrics import mfu_peak_tflops
 from torchfleet_trainer.models import build_model
 from torchfleet_trainer.train import Trainer, build_runtime, init_distributed
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
+VARIANTS = ("torchfleet", "torchfleet_fsdp2", "plain_compiled", "plain_eager")
+# A child that ran out of device memory exits with this, so the parent tries a
+# smaller batch; any other failure stops the benchmark.
+EXIT_OOM = 3
+RESULT_PREFIX = "BENCH_RESULT "
 
 
-def shakespeare() -> Path:
-    path = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
-    if not path.is_file():
-        sys.exit(f"corpus not found at {path}")
-    return path
+DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
 
 
-def shakespeare_config(device: str, quick: bool) -> TrainConfig:
+def shakespeare_config(device: str, quick: bool, compile_: bool, corpus: Path) -> TrainConfig:
     """nanoGPT's config/train_shakespeare_char.py, in TrainConfig terms."""
     model: dict[str, Any] = {"layers": 6, "heads": 6, "dim": 384, "maxSeqLen": 256}
     training: dict[str, Any] = {"steps": 5000, "globalBatchSize": 64, "evalInterval": 250}
@@ -65,10 +88,10 @@ def shakespeare_config(device: str, quick: bool) -> TrainConfig:
     return TrainConfig.model_validate(
         {
             "model": {**model, "architecture": "gpt", "dropout": 0.0 if quick else 0.2},
-            "data": {"kind": "char", "path": str(shakespeare()), "seqLen": seq_len},
+            "data": {"kind": "char", "path": str(corpus), "seqLen": seq_len},
             "optimizer": {"lr": 1e-3, "beta2": 0.99, "weightDecay": 0.1, "gradClip": 1.0},
             "schedule": {"warmupSteps": 100, "minLrRatio": 0.1},
-            "training": {**training, "compile": device == "cuda"},
+            "training": {**training, "compile": compile_},
             "checkpoint": {"enabled": False},
             "metrics": {"enabled": False, "jsonLogs": False},
         }
@@ -93,7 +116,8 @@ def llama_config(device: str, quick: bool, batch: int, steps: int, compile_: boo
                 "steps": steps,
                 "globalBatchSize": batch,
                 "evalInterval": 0,
-                "logInterval": 1000,
+                # Settles (reads losses to the host) only at the last step.
+                "logInterval": steps,
                 "device": device,
                 "compile": compile_,
             },
@@ -103,8 +127,14 @@ def llama_config(device: str, quick: bool, batch: int, steps: int, compile_: boo
     )
 
 
-def run_shakespeare(device: str, quick: bool) -> dict[str, Any]:
-    config = shakespeare_config(device, quick)
+# ---- (a) Shakespeare -----------------------------------------------------------------
+
+
+def run_shakespeare(args: argparse.Namespace) -> dict[str, Any]:
+    quick, compile_ = args.quick, compile_enabled(args)
+    if not args.corpus.is_file():
+        sys.exit(f"corpus not found at {args.corpus} (--corpus)")
+    config = shakespeare_config(args.device, quick, compile_, args.corpus)
     trainer = Trainer(config, build_runtime(config))
     began = time.perf_counter()
     result = trainer.run()
@@ -113,6 +143,7 @@ def run_shakespeare(device: str, quick: bool) -> dict[str, Any]:
     return {
         "recipe": "nanoGPT shakespeare-char" + (" (quick: 2x64, ctx 64)" if quick else ""),
         "steps": config.training.steps,
+        "compile": compile_,
         "best_val_loss": round(best, 4),
         "target_val_loss": 1.47,
         "wall_seconds": round(wall, 1),
@@ -120,59 +151,283 @@ def run_shakespeare(device: str, quick: bool) -> dict[str, Any]:
     }
 
 
-def steady_tokens_per_second(step_seconds: list[float], tokens_per_step: int) -> float:
-    """Median over the steps after warm-up (compilation, allocator growth)."""
-    steady = sorted(step_seconds[len(step_seconds) // 3 :])
-    return tokens_per_step / steady[len(steady) // 2]
+# ---- (b) throughput ------------------------------------------------------------------
 
 
-def torchfleet_throughput(config: TrainConfig) -> tuple[float, float]:
-    """(tokens/s, FLOPs per token) of the Trainer on one device."""
+class StepClock:
+    """Times windows of optimizer steps, synchronising the device only at window
+    boundaries: the first ``warmup`` steps (compilation, allocator growth) are not
+    timed, then ``windows`` windows of ``window`` steps each are."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, device: torch.device, plan: Plan) -> None:
+        self.device = device
+        self.plan = plan
+        self.steps = 0
+        self.marks: list[float] = []
+        optimizer.register_step_post_hook(self._after_step)
+
+    def _after_step(self, *_: Any) -> None:
+        self.steps += 1
+        past_warmup = self.steps - self.plan.warmup
+        if past_warmup >= 0 and past_warmup % self.plan.window == 0:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.marks.append(time.perf_counter())
+
+    def tokens_per_second(self, tokens_per_step: int) -> float:
+        """The median window's rate."""
+        if len(self.marks) != self.plan.windows + 1:
+            raise RuntimeError(f"timed {len(self.marks) - 1} windows of {self.plan.windows}")
+        seconds = [b - a for a, b in zip(self.marks, self.marks[1:], strict=False)]
+        return tokens_per_step * self.plan.window / statistics.median(seconds)
+
+
+class Plan:
+    """How many steps a throughput child runs and times."""
+
+    def __init__(self, quick: bool) -> None:
+        self.warmup, self.window, self.windows = (2, 2, 2) if quick else (10, 10, 3)
+
+    @property
+    def steps(self) -> int:
+        return self.warmup + self.window * self.windows
+
+
+def force_fsdp_at_world_size_one() -> None:
+    """The Trainer wraps in FSDP2 only when it shards (parallel_dims.uses_fsdp); the
+    torchfleet_fsdp2 variant measures that path's cost at world size 1 (one shard,
+    MixedPrecisionPolicy casts instead of autocast), as TorchTitan runs it."""
+    from torchfleet_trainer.distributed.parallel_dims import ParallelDims
+
+    ParallelDims.uses_fsdp = property(lambda self: True)
+
+
+def torchfleet_throughput(config: TrainConfig, plan: Plan, fsdp: bool) -> dict[str, Any]:
+    """tokens/s and FLOPs per token of the Trainer on one device."""
+    if fsdp:
+        force_fsdp_at_world_size_one()
     trainer = Trainer(config, build_runtime(config))
-    result = trainer.run()
+    if fsdp:
+        from torch.distributed.fsdp import FSDPModule
+
+        if not isinstance(trainer.model.parts[0], FSDPModule):
+            raise RuntimeError("torchfleet_fsdp2: the Trainer's model is not FSDP2-wrapped")
+    clock = StepClock(trainer.optimizers[0], trainer.runtime.device, plan)
+    trainer.run()
     tokens = config.training.global_batch_size * config.data.seq_len
-    seconds = [r["step_seconds"] for r in result.history]
-    return steady_tokens_per_second(seconds, tokens), trainer.flops_per_token
+    return {
+        "tokens_per_second": clock.tokens_per_second(tokens),
+        "flops_per_token": trainer.flops_per_token,
+    }
 
 
-def plain_loop_throughput(config: TrainConfig, device: torch.device) -> float:
-    """The baseline: a hand-written eager loop, same model, data, optimizer, precision."""
-    torch.manual_seed(0)
+def plain_loop_throughput(config: TrainConfig, plan: Plan, compile_: bool) -> dict[str, Any]:
+    """The baseline: a hand-written loop over the same model, data, optimizer and
+    precision, written as a careful user would: fused AdamW (as the Trainer's), bf16
+    autocast on CUDA, gradient clipping, batches copied without blocking, and no
+    host sync per step (the loss is read once, at the end), as the Trainer's loop
+    has none between log steps. ``compile_`` compiles the whole model."""
+    device = torch.device(config.training.device)
+    torch.manual_seed(config.training.seed)
     corpus = load_corpus(config.data, config.model.vocab_size, 0)
-    model = build_model(config.model, corpus.vocab_size).to(device)
-    model.init_weights()  # type: ignore[operator]
-    # PyTorch's default AdamW implementation, as the Trainer uses.
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    sampler = BatchSampler(corpus, config.data.seq_len, seed=0)
-    autocast = (
-        torch.autocast("cuda", dtype=torch.bfloat16)
-        if device.type == "cuda"
-        else contextlib.nullcontext()
+    with device:
+        model = build_model(config.model, corpus.vocab_size)
+    model.init_weights()
+    if compile_:
+        model.compile()
+    opt = config.optimizer
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=opt.lr,
+        betas=(opt.beta1, opt.beta2),
+        eps=opt.eps,
+        weight_decay=opt.weight_decay,
+        fused=True,
     )
-    seconds = []
-    for _ in range(config.training.steps):
-        began = time.perf_counter()
+    clock = StepClock(optimizer, device, plan)
+    sampler = BatchSampler(corpus, config.data.seq_len, seed=0)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    loss = torch.zeros((), device=device)
+    for _ in range(plan.steps):
         inputs, targets = (
-            t.to(device) for t in sampler.next_batch("train", config.training.global_batch_size)
+            t.to(device, non_blocking=True)
+            for t in sampler.next_batch("train", config.training.global_batch_size)
         )
         with autocast:
             logits = model(inputs)
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), opt.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        loss.detach().item()  # synchronise, as the Trainer does when it reads the loss
-        seconds.append(time.perf_counter() - began)
-    del model, optimizer
+    loss.item()
     tokens = config.training.global_batch_size * config.data.seq_len
-    return steady_tokens_per_second(seconds, tokens)
+    return {"tokens_per_second": clock.tokens_per_second(tokens)}
+
+
+def throughput_child(args: argparse.Namespace) -> dict[str, Any]:
+    plan = Plan(args.quick)
+    compiled = compile_enabled(args)
+    variant = args.variant
+    config = llama_config(
+        args.device, args.quick, args.batch, plan.steps, compiled and variant != "plain_eager"
+    )
+    if variant.startswith("torchfleet"):
+        figures = torchfleet_throughput(config, plan, fsdp=variant == "torchfleet_fsdp2")
+    else:
+        figures = plain_loop_throughput(config, plan, compile_=variant == "plain_compiled")
+    if args.device == "cuda":
+        figures["device_name"] = torch.cuda.get_device_name()
+        figures["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
+    return figures
+
+
+def batch_sizes(quick: bool) -> Iterator[int]:
+    yield from ([8] if quick else [16, 12, 8, 6, 4, 2, 1])
+
+
+def variants_to_run(args: argparse.Namespace) -> list[str]:
+    """plain_compiled needs compile: on CPU only with --compile-on-cpu."""
+    return [v for v in VARIANTS if v != "plain_compiled" or compile_enabled(args)]
+
+
+def run_throughput(args: argparse.Namespace) -> dict[str, Any]:
+    """The largest batch every variant fits, each (batch, variant) in its own process."""
+    variants = variants_to_run(args)
+    out_of_memory: dict[str, list[int]] = {}
+    for batch in batch_sizes(args.quick):
+        measured: dict[str, dict[str, Any]] = {}
+        for variant in variants:
+            result = run_child(args, "throughput", "--variant", variant, "--batch", str(batch))
+            if result is None:
+                out_of_memory.setdefault(variant, []).append(batch)
+                break  # every variant must fit for a comparison at this batch
+            measured[variant] = result
+        if len(measured) == len(variants):
+            return throughput_report(args, batch, measured, out_of_memory)
+    raise SystemExit(f"no batch size fits every variant (out of memory: {out_of_memory})")
+
+
+def throughput_report(
+    args: argparse.Namespace,
+    batch: int,
+    measured: dict[str, dict[str, Any]],
+    out_of_memory: dict[str, list[int]],
+) -> dict[str, Any]:
+    config = llama_config(args.device, args.quick, batch, 1, compile_=False)
+    with torch.device("meta"):
+        params = sum(p.numel() for p in build_model(config.model, 32768).parameters())
+    rates = {v: m["tokens_per_second"] for v, m in measured.items()}
+    ours = rates["torchfleet"]
+    flops = measured["torchfleet"]["flops_per_token"]
+    figures: dict[str, Any] = {
+        "model": f"llama {params / 1e9:.3f}B params" if not args.quick else "llama tiny (quick)",
+        "batch": batch,
+        "seq_len": config.data.seq_len,
+        "compile": compile_enabled(args),
+        "tokens_per_second": {v: round(r, 1) for v, r in rates.items()},
+        "flops_per_token": flops,
+        "out_of_memory_at_batches": out_of_memory,
+    }
+    for baseline in ("plain_compiled", "plain_eager"):
+        if baseline in rates:
+            figures[f"speedup_vs_{baseline}"] = round(ours / rates[baseline], 3)
+    figures["fsdp2_vs_torchfleet"] = round(rates["torchfleet_fsdp2"] / ours, 3)
+    if "peak_memory_bytes" in measured["torchfleet"]:
+        figures["peak_memory_bytes"] = {v: m["peak_memory_bytes"] for v, m in measured.items()}
+    device_name = measured["torchfleet"].get("device_name")
+    if device_name:
+        figures["device_name"] = device_name
+    peak = mfu_peak_tflops(args.peak_tflops, device_name, "bf16")
+    if peak:
+        figures["peak_tflops"] = peak
+        figures["mfu"] = {v: round(r * flops / (peak * 1e12), 4) for v, r in rates.items()}
+    return figures
+
+
+# ---- (c) checkpoints -----------------------------------------------------------------
+
+
+def checkpoint_trainer(args: argparse.Namespace, directory: Path) -> Trainer:
+    """A real Trainer's state after one step (so AdamW state exists)."""
+    config = llama_config(args.device, args.quick, batch=1, steps=1, compile_=False)
+    if args.quick:
+        # Big enough (~40M parameters, ~0.5 GB with AdamW state) that bytes dominate.
+        config.model = config.model.model_copy(
+            update={"layers": 4, "dim": 512, "heads": 8, "kv_heads": 4, "vocab_size": 32768}
+        )
+    config.checkpoint.enabled = True
+    config.checkpoint.dir = str(directory / "run")
+    config.checkpoint.save_final = False
+    trainer = Trainer(config, build_runtime(config))
+    trainer.run()
+    return trainer
+
+
+def state_bytes(trainer: Trainer) -> int:
+    assert trainer.checkpointer is not None
+    state = trainer.checkpointer.state_dict({"step": 1})
+    return sum(
+        t.numel() * t.element_size()
+        for section in ("model", "optimizer")
+        for t in state.get(section, {}).values()
+        if isinstance(t, torch.Tensor)
+    )
+
+
+def checkpointer_at(trainer: Trainer, root: Path, async_save: bool) -> Any:
+    from torchfleet_trainer.checkpoint import Checkpointer
+
+    config = trainer.config.checkpoint.model_copy(update={"async_save": async_save})
+    return Checkpointer(root, config, trainer.model.parts, trainer.optimizers)
+
+
+def checkpoint_save_child(args: argparse.Namespace) -> dict[str, Any]:
+    """Saves (blocking and async); leaves the blocking one for the load child."""
+    directory = args.scratch
+    trainer = checkpoint_trainer(args, directory)
+    nbytes = state_bytes(trainer)
+    figures: dict[str, Any] = {"state_bytes": nbytes}
+    sync = checkpointer_at(trainer, directory / "ckpt-sync", async_save=False)
+    blocked = sync.save(10, {"step": 10})
+    sync.wait()
+    figures["sync_blocked_seconds"] = round(blocked, 4)
+    figures["save_bytes_per_second"] = round(nbytes / blocked)
+    asynchronous = checkpointer_at(trainer, directory / "ckpt-async", async_save=True)
+    blocked = asynchronous.save(10, {"step": 10})
+    began = time.perf_counter()
+    asynchronous.wait()
+    figures["async_blocked_seconds"] = round(blocked, 4)
+    figures["async_total_seconds"] = round(blocked + time.perf_counter() - began, 4)
+    shutil.rmtree(directory / "ckpt-async")
+    figures["disk_write_bytes_per_second"] = round(disk_write_bytes_per_second(directory, nbytes))
+    figures["save_vs_disk"] = round(
+        figures["save_bytes_per_second"] / figures["disk_write_bytes_per_second"], 3
+    )
+    return figures
+
+
+def checkpoint_load_child(args: argparse.Namespace) -> dict[str, Any]:
+    """Loads what the save child wrote: first from the page cache as the parent left
+    it (evicted), then again warm."""
+    directory = args.scratch
+    trainer = checkpoint_trainer(args, directory)
+    nbytes = state_bytes(trainer)
+    root = directory / "ckpt-sync"
+    figures: dict[str, Any] = {"resident_before_cold_load": round(resident_fraction(root), 4)}
+    for temperature in ("cold", "warm"):
+        checkpointer = checkpointer_at(trainer, root, async_save=False)
+        began = time.perf_counter()
+        if checkpointer.load_latest({"step": 0}) is None:
+            raise RuntimeError(f"no checkpoint to load under {root}")
+        figures[f"{temperature}_load_bytes_per_second"] = round(
+            nbytes / (time.perf_counter() - began)
+        )
+    return figures
 
 
 def disk_write_bytes_per_second(directory: Path, size: int) -> float:
     """The disk's own speed for one large, fsynced sequential write."""
-    import os
-
     payload = os.urandom(min(size, 64 << 20))
     path = directory / "disk-speed.bin"
     began = time.perf_counter()
@@ -188,135 +443,192 @@ def disk_write_bytes_per_second(directory: Path, size: int) -> float:
     return written / seconds
 
 
-def run_checkpoint(device: str, quick: bool, directory: Path) -> dict[str, Any]:
-    """Save/load throughput of a real Trainer's state and the blocking time of async saves."""
-    from torchfleet_trainer.checkpoint import Checkpointer
+def files_under(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and p.stat().st_size > 0]
 
-    config = llama_config(device, quick, batch=1, steps=1, compile_=False)
-    if quick:
-        # Big enough (~40M parameters, ~0.5 GB with AdamW state) that bytes dominate.
-        config.model = config.model.model_copy(
-            update={"layers": 4, "dim": 512, "heads": 8, "kv_heads": 4, "vocab_size": 32768}
-        )
-    config.checkpoint.enabled = True
-    config.checkpoint.dir = str(directory / "ckpt")
-    trainer = Trainer(config, build_runtime(config))
-    trainer.run()  # one step, so AdamW state exists
-    state = trainer.checkpointer.state_dict({"step": 1}) if trainer.checkpointer else {}
-    nbytes = sum(
-        t.numel() * t.element_size()
-        for section in ("model", "optimizer")
-        for t in state.get(section, {}).values()
-        if isinstance(t, torch.Tensor)
-    )
-    figures: dict[str, Any] = {"state_bytes": nbytes}
-    for mode in ("sync", "async"):
-        config.checkpoint.async_save = mode == "async"
-        root = directory / f"ckpt-{mode}"
-        checkpointer = Checkpointer(
-            root, config.checkpoint, trainer.model.parts, trainer.optimizers
-        )
-        blocked = checkpointer.save(10, {"step": 10})
-        began = time.perf_counter()
-        checkpointer.wait()
-        figures[f"{mode}_blocked_seconds"] = round(blocked, 4)
-        if mode == "sync":
-            figures["save_bytes_per_second"] = round(nbytes / blocked)
-            began = time.perf_counter()
-            checkpointer.load_latest({"step": 0})
-            figures["load_bytes_per_second"] = round(nbytes / (time.perf_counter() - began))
-        else:
-            figures["async_total_seconds"] = round(blocked + time.perf_counter() - began, 4)
-        shutil.rmtree(root)
-    figures["disk_write_bytes_per_second"] = round(disk_write_bytes_per_second(directory, nbytes))
-    figures["save_vs_disk"] = round(
-        figures["save_bytes_per_second"] / figures["disk_write_bytes_per_second"], 3
-    )
+
+def evict_page_cache(root: Path, drop_all: bool) -> str:
+    """Takes the checkpoint's pages out of the page cache: the whole cache with
+    drop_all where the kernel lets us, else each file's own (DONTNEED drops clean
+    pages only, hence the fsync first). Returns the method that was used."""
+    for path in files_under(root):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    if drop_all:
+        os.sync()
+        try:
+            Path("/proc/sys/vm/drop_caches").write_text("1\n")
+            return "drop_caches"
+        except OSError:
+            pass
+    return "posix_fadvise"
+
+
+def resident_fraction(root: Path) -> float:
+    """The share of the files' pages in the page cache, by mincore(2)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.mmap.argtypes += [ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    page = os.sysconf("SC_PAGE_SIZE")
+    resident = total = 0
+    for path in files_under(root):
+        size = path.stat().st_size
+        pages = (size + page - 1) // page
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+            if address in (None, ctypes.c_void_p(-1).value):
+                raise OSError(ctypes.get_errno(), f"mmap {path}")
+            vector = ctypes.create_string_buffer(pages)
+            try:
+                if libc.mincore(ctypes.c_void_p(address), size, vector) != 0:
+                    raise OSError(ctypes.get_errno(), f"mincore {path}")
+            finally:
+                libc.munmap(ctypes.c_void_p(address), size)
+        finally:
+            os.close(fd)
+        resident += sum(byte & 1 for byte in vector.raw)
+        total += pages
+    return resident / total if total else 0.0
+
+
+def run_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
+    args.scratch.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(dir=args.scratch))
+    try:
+        figures = require(run_child(args, "checkpoint-save", "--scratch", str(scratch)))
+        figures["cold_cache_method"] = evict_page_cache(scratch / "ckpt-sync", args.drop_caches)
+        figures |= require(run_child(args, "checkpoint-load", "--scratch", str(scratch)))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return figures
 
 
-def batch_sizes(quick: bool) -> Iterator[int]:
-    yield from ([8] if quick else [16, 12, 8, 6, 4, 2, 1])
+# ---- processes -----------------------------------------------------------------------
 
 
-def run_throughput(device: str, quick: bool, peak_tflops: float | None) -> dict[str, Any]:
-    steps = 6 if quick else 30
-    torch_device = torch.device(device)
-    for batch in batch_sizes(quick):
-        try:
-            ours, flops = torchfleet_throughput(
-                llama_config(device, quick, batch, steps, compile_=device == "cuda")
-            )
-            baseline = plain_loop_throughput(
-                llama_config(device, quick, batch, steps, compile_=False), torch_device
-            )
-        except torch.OutOfMemoryError:
-            if device == "cuda":
-                torch.cuda.empty_cache()
-            continue
-        config = llama_config(device, quick, batch, steps, compile_=False)
-        with torch.device("meta"):
-            params = sum(p.numel() for p in build_model(config.model, 32768).parameters())
-        figures: dict[str, Any] = {
-            "model": f"llama {params / 1e9:.3f}B params" if not quick else "llama tiny (quick)",
-            "batch": batch,
-            "seq_len": config.data.seq_len,
-            "torchfleet_tokens_per_second": round(ours, 1),
-            "plain_loop_tokens_per_second": round(baseline, 1),
-            "speedup_vs_plain_loop": round(ours / baseline, 3),
-            "flops_per_token": flops,
-        }
-        if peak_tflops:
-            figures["peak_tflops"] = peak_tflops
-            figures["torchfleet_mfu"] = round(ours * flops / (peak_tflops * 1e12), 4)
-            figures["plain_loop_mfu"] = round(baseline * flops / (peak_tflops * 1e12), 4)
-        return figures
-    raise SystemExit("no batch size fits")
+def compile_enabled(args: argparse.Namespace) -> bool:
+    return args.device == "cuda" or args.compile_on_cpu
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def common_flags(args: argparse.Namespace) -> list[str]:
+    flags = ["--device", args.device, "--corpus", str(args.corpus)]
+    flags += ["--quick"] if args.quick else []
+    flags += ["--compile-on-cpu"] if args.compile_on_cpu else []
+    return flags
+
+
+def run_child(args: argparse.Namespace, child: str, *extra: str) -> dict[str, Any] | None:
+    """Runs one measurement in a fresh process; None when it ran out of memory."""
+    command = [sys.executable, __file__, "--child", child, *common_flags(args), *extra]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode == EXIT_OOM:
+        return None
+    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+    if done.returncode != 0 or not lines:
+        sys.exit(
+            f"{' '.join(command[2:])}: exit {done.returncode}\n"
+            f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+        )
+    result: dict[str, Any] = json.loads(lines[-1].removeprefix(RESULT_PREFIX))
+    return result
+
+
+def require(result: dict[str, Any] | None) -> dict[str, Any]:
+    if result is None:
+        sys.exit("out of device memory")
+    return result
+
+
+CHILDREN = {
+    "shakespeare": run_shakespeare,
+    "throughput": throughput_child,
+    "checkpoint-save": checkpoint_save_child,
+    "checkpoint-load": checkpoint_load_child,
+}
+
+
+def child_main(args: argparse.Namespace) -> None:
+    """One measurement: its own process group of one, its result on stdout."""
+    init_distributed(llama_config(args.device, True, 1, 1, compile_=False))
+    try:
+        result = CHILDREN[args.child](args)
+    except Exception as err:
+        # Inside a compiled graph an OOM can arrive wrapped in another error.
+        if isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower():
+            sys.exit(EXIT_OOM)
+        raise
+    finally:
+        dist.destroy_process_group()
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--quick", action="store_true", help="Tiny configs (CPU smoke run).")
-    parser.add_argument("--peak-tflops", type=float, default=None, help="Default 989 on CUDA.")
+    parser.add_argument(
+        "--peak-tflops", type=float, default=None, help="Default: the GPU's own bf16 peak."
+    )
     parser.add_argument("--only", choices=["shakespeare", "throughput", "checkpoint"], default=None)
     parser.add_argument(
         "--scratch", type=Path, default=Path("/tmp/torchfleet-bench"), help="For checkpoints."
     )
-    args = parser.parse_args()
+    parser.add_argument(
+        "--corpus", type=Path, default=DEFAULT_CORPUS, help="tinyshakespeare.txt for (a)."
+    )
+    parser.add_argument(
+        "--compile-on-cpu", action="store_true", help="Compile on CPU too (slow to build)."
+    )
+    parser.add_argument(
+        "--drop-caches",
+        action="store_true",
+        help="Drop the whole page cache before the cold load where allowed (root); "
+        "otherwise only the checkpoint's files are evicted.",
+    )
+    parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
+    parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: no CUDA device; use --device cpu --quick")
-    peak = args.peak_tflops or (989.0 if args.device == "cuda" else None)
-    init_distributed(shakespeare_config(args.device, True))
+    if args.child:
+        child_main(args)
+        return
+    began = time.perf_counter()
     report: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name()
-        if args.device == "cuda"
-        else platform.processor() or platform.machine(),
+        # The parent never touches the GPU (its context would cost the children memory).
+        "device": "cuda" if args.device == "cuda" else platform.processor() or platform.machine(),
         "torch": torch.__version__,
         "quick": args.quick,
+        "compile": compile_enabled(args),
     }
-    try:
-        if args.only in (None, "shakespeare"):
-            report["shakespeare_char"] = run_shakespeare(args.device, args.quick)
-            print(json.dumps(report["shakespeare_char"]), flush=True)
-        if args.only in (None, "throughput"):
-            report["llama_throughput"] = run_throughput(args.device, args.quick, peak)
-            print(json.dumps(report["llama_throughput"]), flush=True)
-        if args.only in (None, "checkpoint"):
-            args.scratch.mkdir(parents=True, exist_ok=True)
-            scratch = Path(tempfile.mkdtemp(dir=args.scratch))
-            try:
-                report["checkpoint"] = run_checkpoint(args.device, args.quick, scratch)
-            finally:
-                shutil.rmtree(scratch, ignore_errors=True)
-            print(json.dumps(report["checkpoint"]), flush=True)
-    finally:
-        dist.destroy_process_group()
+    if args.only in (None, "shakespeare"):
+        report["shakespeare_char"] = require(run_child(args, "shakespeare"))
+        print(json.dumps(report["shakespeare_char"]), flush=True)
+    if args.only in (None, "throughput"):
+        report["llama_throughput"] = run_throughput(args)
+        print(json.dumps(report["llama_throughput"]), flush=True)
+    if args.only in (None, "checkpoint"):
+        report["checkpoint"] = run_checkpoint(args)
+        print(json.dumps(report["checkpoint"]), flush=True)
+    report["wall_seconds"] = round(time.perf_counter() - began, 1)
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"trainer-{args.device}{'-quick' if args.quick else ''}.json"
     out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {out}")
+    print(f"wrote {out} ({report['wall_seconds']} s)")
 
 
 if __name__ == "__main__":

@@ -26,16 +26,16 @@ from torchfleet_trainer.config import (
     resolve_metrics_port,
 )
 from torchfleet_trainer.data import BatchSampler, load_corpus
-from torchfleet_trainer.distributed.parallel_dims import ParallelDims
-from torchfleet_trainer.distributed.parallelize import ParallelModel, parallelize
-from torchfleet_trainer.metrics import TrainMetrics, flops_per_token, log_json, mfu_peak_tflops
-from torchfleet_trainer.models import build_model
-from torchfleet_trainer.models.meta_init import (
+from torchfleet_trainer.distributed.materialize import (
     initialise,
     materialise,
     needs_reference_buffers,
     reference_buffers,
 )
+from torchfleet_trainer.distributed.parallel_dims import ParallelDims
+from torchfleet_trainer.distributed.parallelize import ParallelModel, parallelize
+from torchfleet_trainer.metrics import TrainMetrics, flops_per_token, log_json, mfu_peak_tflops
+from torchfleet_trainer.models import build_model
 from torchfleet_trainer.schedule import lr_at
 from torchfleet_trainer.tensorboard import TensorBoardLog
 

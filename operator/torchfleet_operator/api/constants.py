@@ -25,6 +25,10 @@ MAX_GPUS_PER_NODE: Final = 64
 TRAINER_CONTAINER_NAME: Final = "trainer"
 DEFAULT_CHECKPOINT_MOUNT_PATH: Final = "/checkpoints"
 DEFAULT_GPU_RESOURCE: Final = "nvidia.com/gpu"
+# Seconds between SIGTERM and SIGKILL for a pod whose job and template set none:
+# the trainer's SIGTERM checkpoint save runs in it (runPolicy's description).
+DEFAULT_TERMINATION_GRACE_SECONDS: Final = 30
+MAX_TERMINATION_GRACE_SECONDS: Final = 86_400
 
 # Kueue admits a suspended job whose pods carry this label.
 KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"

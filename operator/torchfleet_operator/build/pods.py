@@ -10,7 +10,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from torchfleet_operator.api.constants import TRAINER_CONTAINER_NAME
+from torchfleet_operator.api.constants import (
+    DEFAULT_TERMINATION_GRACE_SECONDS,
+    TRAINER_CONTAINER_NAME,
+)
 from torchfleet_operator.api.v1alpha1 import PodTemplate, TrainingJobSpec
 from torchfleet_operator.build import env as pod_env
 from torchfleet_operator.build import labels, names, podgroup, security
@@ -19,8 +22,6 @@ from torchfleet_trainer import contract
 SHM_VOLUME = "dshm"
 CHECKPOINT_VOLUME = "checkpoint"
 TRAINER_COMMAND = ["torchfleet-train"]
-# The kubelet gives a killed trainer this long to save or flush before SIGKILL.
-TERMINATION_GRACE_SECONDS = 30
 # The trainer image's user and group (trainer_image/Dockerfile). A provisioned
 # checkpoint volume is root-owned: fsGroup makes it group-writable and adds the
 # group to every container, so any non-root image can write checkpoints.
@@ -213,7 +214,12 @@ def build_pod(
     )
     sidecars = [c for c in containers if c.get("name") != TRAINER_CONTAINER_NAME]
 
-    pod_spec: dict[str, Any] = {"terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS}
+    # The kubelet gives a killed trainer this long to save before SIGKILL. A role
+    # template's own value (merged below) can only differ where the job sets none.
+    grace = spec.run_policy.termination_grace_period_seconds
+    pod_spec: dict[str, Any] = {
+        "terminationGracePeriodSeconds": grace or DEFAULT_TERMINATION_GRACE_SECONDS
+    }
     scheduler = podgroup.scheduler_name(spec)
     if scheduler:
         pod_spec["schedulerName"] = scheduler

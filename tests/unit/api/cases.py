@@ -341,6 +341,26 @@ INVALID: tuple[Invalid, ...] = (
         "spec.runPolicy.successPolicy",
         nested("runPolicy.successPolicy", "AllWorkers"),
     ),
+    _case(
+        "termination-grace-zero",
+        "spec.runPolicy.terminationGracePeriodSeconds",
+        nested("runPolicy.terminationGracePeriodSeconds", 0),
+    ),
+    _case(
+        "termination-grace-over-a-day",
+        "spec.runPolicy.terminationGracePeriodSeconds",
+        nested("runPolicy.terminationGracePeriodSeconds", 86_401),
+    ),
+    *(
+        _case(
+            f"template-grace-contradicts-run-policy-{role}",
+            f"spec.{role}.template.spec.terminationGracePeriodSeconds",
+            nested("runPolicy.terminationGracePeriodSeconds", 120),
+            nested(f"{role}.template.spec.terminationGracePeriodSeconds", 600),
+            says="contradicts spec.runPolicy.terminationGracePeriodSeconds",
+        )
+        for role in ("master", "worker")
+    ),
     _case("pod-group-unknown", "spec.scheduling.podGroup", nested("scheduling.podGroup", "Kueue")),
     _case(
         "timeout-without-pod-group",

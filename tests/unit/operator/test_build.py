@@ -32,6 +32,7 @@ RDMA_SPEC = {
         "ncclEnv": {"NCCL_DEBUG": "WARN"},
     },
     "checkpoint": {"claimTemplate": {"size": "1Ti"}, "intervalSteps": 500},
+    "runPolicy": {"terminationGracePeriodSeconds": 300},
     "scheduling": {"podGroup": "Volcano", "queueName": "research", "priorityClassName": "training"},
     "worker": {
         "replicas": 3,
@@ -128,13 +129,38 @@ def test_a_users_command_gets_the_cadence_but_no_trainer_config():
     assert (pod.checkpoint_interval, pod.checkpoint_keep, pod.train_config) == (25, 2, None)
 
 
-def test_termination_grace_defaults_for_a_save_and_a_role_template_sets_its_own():
-    # The default model's save takes well under a second here (trainer README);
-    # a bigger model on slower storage sets the grace its save needs, per role.
-    template = {"spec": {"terminationGracePeriodSeconds": 600}}
-    spec = {"master": {"template": template}}
-    assert render(spec, rank=0)["spec"]["terminationGracePeriodSeconds"] == 600
-    assert render(spec, rank=1)["spec"]["terminationGracePeriodSeconds"] == 30
+GRACE_CASES = {
+    # id: (spec, the master's grace, a worker's grace)
+    "default covers a save of the default model": ({}, 30, 30),
+    "the job's field reaches every pod": (
+        {"runPolicy": {"terminationGracePeriodSeconds": 120}},
+        120,
+        120,
+    ),
+    "a role template sets its own pods' grace": (
+        {"master": {"template": {"spec": {"terminationGracePeriodSeconds": 600}}}},
+        600,
+        30,
+    ),
+    "a template agreeing with the job's field": (
+        {
+            "runPolicy": {"terminationGracePeriodSeconds": 600},
+            "worker": {
+                "replicas": 2,
+                "template": {"spec": {"terminationGracePeriodSeconds": 600}},
+            },
+        },
+        600,
+        600,
+    ),
+}
+
+
+@pytest.mark.parametrize(("spec", "master", "worker"), GRACE_CASES.values(), ids=GRACE_CASES)
+def test_termination_grace_of_every_pod(spec: dict, master: int, worker: int):
+    # A contradicting template is refused at apply (tests/unit/api/cases.py).
+    graces = [render(spec, rank)["spec"]["terminationGracePeriodSeconds"] for rank in (0, 1, 2)]
+    assert graces == [master, worker, worker]
 
 
 def test_several_processes_per_pod_leave_ranks_to_torchrun():

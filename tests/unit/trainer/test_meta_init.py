@@ -14,9 +14,9 @@ from torch import nn
 
 from tests.trainer.user_models import SMALL, MaskedMixer
 from torchfleet_trainer.config import ConfigError, ModelConfig, TrainConfig, load_config
+from torchfleet_trainer.distributed.materialize import initialise, materialise
 from torchfleet_trainer.distributed.pipeline import carve_stage, layer_ranges
 from torchfleet_trainer.models import build_model
-from torchfleet_trainer.models.meta_init import initialise, materialise
 from torchfleet_trainer.train import Trainer, build_runtime, uses_meta_init
 
 SEED = 7

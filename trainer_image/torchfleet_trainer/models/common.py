@@ -16,7 +16,6 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor, distribute_tensor
 
 
 class Attention(nn.Module):
@@ -92,27 +91,20 @@ def plain_name(name: str) -> str:
 
 
 def normal_by_name(param: torch.Tensor, std: float, seed: int, name: str) -> None:
-    """Fills ``param`` from N(0, std) drawn by a generator keyed by (seed, name)."""
+    """Fills ``param`` from N(0, std) drawn by a generator keyed by (seed, name).
+
+    The whole matrix is drawn and copied in, so a sharded parameter gets its
+    part of the same values: the trainer runs ``init_weights`` so that copying
+    a whole tensor into a shard keeps this rank's part
+    (``distributed/materialize.py``); this module knows nothing of sharding.
+    """
     digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
     generator = torch.Generator(device=param.device).manual_seed(
         int.from_bytes(digest[:8], "little") >> 1
     )
-    if not isinstance(param, DTensor):
-        param.normal_(0.0, std, generator=generator)
-        return
     whole = torch.empty(param.shape, dtype=param.dtype, device=param.device)
     whole.normal_(0.0, std, generator=generator)
-    copy_my_shard(param, whole)
-
-
-def copy_my_shard(param: torch.Tensor, whole: torch.Tensor) -> None:
-    """Copies into ``param`` its part of ``whole``, which every rank holds alike
-    (so each cuts its own shard, without communication)."""
-    if not isinstance(param, DTensor):
-        param.copy_(whole)
-        return
-    mine = distribute_tensor(whole, param.device_mesh, param.placements, src_data_rank=None)
-    param.to_local().copy_(mine.to_local())
+    param.copy_(whole)
 
 
 def blocks_of(model: nn.Module) -> nn.ModuleDict | None:

@@ -1,6 +1,8 @@
-"""Giving a model built on the meta device its memory and values.
+"""Giving a model built on the meta device its memory and values, on each rank's shards.
 
 :func:`materialise` is ``to_empty()`` keeping tied parameters tied.
+Everything that knows parameters may be DTensors lives here, so models/ stays
+free of parallelism (as TorchTitan keeps it).
 
 ``to_empty()`` leaves every parameter and buffer uninitialised memory, so a
 model materialised from meta must be initialised again, on each rank's shard.
@@ -9,7 +11,10 @@ What initialises it, in order of preference:
 1. ``init_weights(self)``: the model owns its whole initialisation, parameters
    and non-persistent buffers (masks, RoPE tables) alike, as the built-in
    models and TorchTitan's do. It must work on any subset of the model (a
-   pipeline stage has some layers removed) and on DTensor parameters.
+   pipeline stage has some layers removed). It runs under DTensor's implicit
+   replication, so copying a whole tensor into a sharded parameter
+   (``param.copy_(whole)``) keeps this rank's shard of it, and plain
+   ``nn.init`` fills work on DTensors as they are.
 2. Otherwise every submodule's ``reset_parameters()`` (what ``nn.Linear``,
    ``nn.Embedding``, the norms... run in their constructors; on whole-size
    stand-ins of sharded parameters, each rank keeping its shard), then the
@@ -29,11 +34,13 @@ from contextlib import contextmanager
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor.experimental import implicit_replication
 from torch.nn.modules.module import register_module_parameter_registration_hook
 
 from torchfleet_trainer.config import ConfigError, ModelConfig
-from torchfleet_trainer.models.common import copy_my_shard, plain_name
+from torchfleet_trainer.models import build_model
+from torchfleet_trainer.models.common import plain_name
 
 
 def has_init_weights(model: nn.Module) -> bool:
@@ -65,8 +72,6 @@ def _parameters_on_meta() -> Iterator[None]:
 
 def reference_buffers(config: ModelConfig, vocab_size: int) -> dict[str, torch.Tensor]:
     """Every buffer of the model, computed on the CPU; parameters are never allocated."""
-    from torchfleet_trainer.models import build_model  # the registry imports this module
-
     with _parameters_on_meta(), torch.device("cpu"):
         model = build_model(config, vocab_size)
     return {name: buffer for name, buffer in model.named_buffers()}
@@ -106,7 +111,10 @@ def initialise(
     torch.manual_seed(seed)
     init = getattr(model, "init_weights", None)
     if callable(init):
-        init()
+        # A plain tensor meeting a DTensor counts as replicated: the model's
+        # whole-matrix draws copied into its parameters land as this rank's shard.
+        with implicit_replication():
+            init()
         return
     # reset_parameters() draws from the one global stream in module order: offset
     # by pipeline rank, stages do not start as copies of each other (and stage 0
@@ -169,3 +177,13 @@ def _reset_whole(module: nn.Module) -> None:
         module._parameters.update(sharded)
     for name, param in sharded.items():
         copy_my_shard(param, whole[name].detach())
+
+
+def copy_my_shard(param: torch.Tensor, whole: torch.Tensor) -> None:
+    """Copies into ``param`` its part of ``whole``, which every rank holds alike
+    (so each cuts its own shard, without communication)."""
+    if not isinstance(param, DTensor):
+        param.copy_(whole)
+        return
+    mine = distribute_tensor(whole, param.device_mesh, param.placements, src_data_rank=None)
+    param.to_local().copy_(mine.to_local())
