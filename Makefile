@@ -88,7 +88,7 @@ typecheck: venv ## mypy over both packages and the e2e harness
 
 .PHONY: test
 test: venv deps cluster-build kueue-build schedulers-build prometheus-build lint typecheck verify ## everything: set-up, lint, types, every test tier
-	$(PY) -m pytest tests
+	PY=$(PY) dev/test-tiers.sh
 
 .PHONY: test-unit
 test-unit: venv ## tier 1: pure functions
