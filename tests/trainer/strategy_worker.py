@@ -42,21 +42,23 @@ def run_entry(entry: dict[str, Any]) -> dict[str, Any] | None:
     if dist.get_rank() == 0 and entry.get("prepare"):
         prepare(entry["prepare"])
     dist.barrier()
+    trainer = None
+    if not entry.get("single"):
+        trainer = Trainer(config, build_runtime(config))
+    elif dist.get_rank() == 0:
+        trainer = Trainer(config, build_runtime(config, distributed=False))
+    result = trainer.run() if trainer else None
     if entry.get("single"):
-        result = None
-        if dist.get_rank() == 0:
-            runtime = build_runtime(config, distributed=False)
-            result = Trainer(config, runtime).run()
         dist.barrier()
-    else:
-        result = Trainer(config, build_runtime(config)).run()
-    if result is None:
+    if trainer is None or result is None:
         return None
     return {
         "start_step": result.start_step,
         "losses": {int(r["step"]): r["loss"] for r in result.history},
         "grad_norms": {int(r["step"]): r["grad_norm"] for r in result.history},
         "eval": result.eval_losses,
+        # How reduced precision was applied: FSDP's policy (else autocast).
+        "fsdp_mixed_precision": trainer.model.fsdp_mixed_precision,
         "seconds": time.perf_counter() - began,
     }
 

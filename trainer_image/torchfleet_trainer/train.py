@@ -280,8 +280,8 @@ class Trainer:
         return parallel
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        fsdp_casts = self.runtime.dims is not None and self.runtime.dims.uses_fsdp
-        if self.runtime.dtype == torch.float32 or fsdp_casts:
+        """Autocast only where FSDP's mixed-precision policy does not already cast."""
+        if self.runtime.dtype == torch.float32 or self.model.fsdp_mixed_precision:
             return contextlib.nullcontext()
         return torch.autocast(self.runtime.device.type, dtype=self.runtime.dtype)
 

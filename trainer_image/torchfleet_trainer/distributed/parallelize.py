@@ -38,6 +38,9 @@ class ParallelModel:
     schedule: _PipelineSchedule | None
     has_first_stage: bool
     has_last_stage: bool
+    # Whether FSDP's MixedPrecisionPolicy already runs the forward in the compute
+    # dtype (then no autocast is needed around it).
+    fsdp_mixed_precision: bool = False
     # Set before each step: the factor the pipeline's per-microbatch loss is scaled by.
     loss_scale: float = 1.0
 
@@ -137,7 +140,7 @@ def _apply_within_stage(
     if dims.degrees.tp > 1:
         apply_tensor_parallel(part, dims.mesh["tp"], config.parallel.sequence_parallel)
     wrap_blocks(part, config)
-    if dims.uses_fsdp:
+    if dims.wraps_in_fsdp(param_dtype):
         apply_fsdp(
             part,
             dims.dp_mesh(),
@@ -161,9 +164,10 @@ def parallelize(
         return ParallelModel([model], None, True, True)
     if dims.degrees.tp > 1:
         _require_decoder(model, "tensor parallelism")
+    fsdp_mixed_precision = dims.wraps_in_fsdp(param_dtype) and param_dtype != torch.float32
     if dims.degrees.pp == 1:
         _apply_within_stage(model, config, dims, param_dtype)
-        return ParallelModel([model], None, True, True)
+        return ParallelModel([model], None, True, True, fsdp_mixed_precision)
     _require_decoder(model, "pipeline parallelism")
     per_rank = config.parallel.stages_per_pipeline_rank
     num_stages = dims.degrees.pp * per_rank
@@ -176,6 +180,7 @@ def parallelize(
         schedule=None,
         has_first_stage=any(i == 0 for i, _ in stages),
         has_last_stage=any(i == num_stages - 1 for i, _ in stages),
+        fsdp_mixed_precision=fsdp_mixed_precision,
     )
     result.schedule = build_schedule(
         stages,
