@@ -19,7 +19,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 
-from torchfleet_trainer.config import ConfigError, TrainConfig
+from torchfleet_trainer.config import ConfigError, ResolvedDegrees, TrainConfig
 from torchfleet_trainer.distributed.data_parallel import apply_ddp, apply_fsdp, find_blocks
 from torchfleet_trainer.distributed.parallel_dims import ParallelDims
 from torchfleet_trainer.distributed.pipeline import build_schedule, split_model
@@ -134,6 +134,13 @@ def wrap_blocks(part: nn.Module, config: TrainConfig) -> None:
             block.compile()
 
 
+def reshards_after_forward(config: TrainConfig, degrees: ResolvedDegrees) -> bool:
+    """FSDP frees gathered parameters after forward as configured, except under
+    pipeline parallelism: a stage runs forward once per microbatch and would
+    gather again each time (TorchTitan's default too)."""
+    return config.parallel.reshard_after_forward and degrees.pp == 1
+
+
 def _apply_within_stage(
     part: nn.Module, config: TrainConfig, dims: ParallelDims, param_dtype: torch.dtype
 ) -> None:
@@ -145,7 +152,7 @@ def _apply_within_stage(
             part,
             dims.dp_mesh(),
             param_dtype,
-            config.parallel.reshard_after_forward,
+            reshards_after_forward(config, dims.degrees),
             config.model.blocks,
         )
     elif dims.uses_ddp:
