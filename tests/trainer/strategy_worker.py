@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
+from torch import nn
+from torch.distributed._composable.replicate import DDP
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 from torchfleet_trainer.config import load_config
 from torchfleet_trainer.train import Trainer, build_runtime
@@ -36,6 +39,32 @@ def prepare(steps: list[dict[str, str]]) -> None:
                 src.rename(step["dst"])
 
 
+def count_ddp_syncs(trainer: Trainer) -> list[int]:
+    """For a DDP model: how many forwards had run each time a gradient all-reduce
+    started (a comm hook around DDP's default all-reduce). Filled in as it trains."""
+    forwards: list[int] = []
+    syncs: list[int] = []
+    dims = trainer.runtime.dims
+    ddp_parts = [part for part in trainer.model.parts if isinstance(part, DDP)]
+    if dims is None or not ddp_parts:
+        return syncs
+    group = dims.mesh["dp_replicate"].get_group()
+
+    def count_forward(module: nn.Module, args: Any) -> None:
+        forwards.append(1)
+
+    # Unannotated: DDP checks the bucket's annotation is GradBucket itself, and
+    # this module's annotations are strings.
+    def counting_allreduce(state, bucket):
+        syncs.append(len(forwards))
+        return allreduce_hook(state, bucket)
+
+    for part in ddp_parts:
+        part.register_forward_pre_hook(count_forward)
+        part.register_comm_hook(group, counting_allreduce)
+    return syncs
+
+
 def run_entry(entry: dict[str, Any]) -> dict[str, Any] | None:
     began = time.perf_counter()
     config = load_config(overrides=entry["overrides"], env={})
@@ -47,6 +76,7 @@ def run_entry(entry: dict[str, Any]) -> dict[str, Any] | None:
         trainer = Trainer(config, build_runtime(config))
     elif dist.get_rank() == 0:
         trainer = Trainer(config, build_runtime(config, distributed=False))
+    syncs = count_ddp_syncs(trainer) if trainer else []
     result = trainer.run() if trainer else None
     if entry.get("single"):
         dist.barrier()
@@ -59,6 +89,7 @@ def run_entry(entry: dict[str, Any]) -> dict[str, Any] | None:
         "eval": result.eval_losses,
         # How reduced precision was applied: FSDP's policy (else autocast).
         "fsdp_mixed_precision": trainer.model.fsdp_mixed_precision,
+        "ddp_syncs_after_forwards": syncs,
         "seconds": time.perf_counter() - began,
     }
 

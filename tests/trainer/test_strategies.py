@@ -107,9 +107,13 @@ def checkpointing(directory: Path) -> list[str]:
     ]
 
 
+DDP_ACCUM = 2
 # name -> (architecture, overrides on top of base); all on 4 ranks.
 FOUR_RANK_LAYOUTS: dict[str, tuple[str, list[str]]] = {
-    "ddp": ("llama", ["parallel.dataParallelReplicate=4"]),
+    "ddp_grad_accum": (
+        "llama",
+        ["parallel.dataParallelReplicate=4", f"training.gradAccumSteps={DDP_ACCUM}"],
+    ),
     # dataParallelShard=-1 takes all 4 ranks; also saves the checkpoint others resume.
     "fsdp_grad_accum": ("llama", ["training.gradAccumSteps=2"]),
     "hsdp_2x2": ("llama", ["parallel.dataParallelReplicate=2"]),
@@ -279,13 +283,21 @@ def test_four_rank_layout_matches_single_process(four_rank: dict[str, Any], name
     assert_same_steps(four_rank[name], four_rank[f"reference_{arch}"], range(1, STEPS + 1))
 
 
+def test_ddp_all_reduces_only_on_the_last_accumulation_micro_step(
+    four_rank: dict[str, Any],
+) -> None:
+    # Forwards run before each all-reduce: micro-steps 2, 4, ... end the steps.
+    ends_of_steps = {DDP_ACCUM * step for step in range(1, STEPS + 1)}
+    assert set(four_rank["ddp_grad_accum"]["ddp_syncs_after_forwards"]) == ends_of_steps
+
+
 @pytest.mark.parametrize("name", sorted(FOUR_RANK_LAYOUTS))
 def test_four_rank_layout_in_bf16_tracks_fp32(four_rank: dict[str, Any], name: str) -> None:
     arch = FOUR_RANK_LAYOUTS[name][0]
     run = four_rank[f"{name}_bf16"]
     assert_bf16_tracks_fp32(run, four_rank[f"reference_{arch}"])
     # FSDP's MixedPrecisionPolicy wherever DDP does not hold the parameters.
-    assert run["fsdp_mixed_precision"] == (name != "ddp")
+    assert run["fsdp_mixed_precision"] == (name != "ddp_grad_accum")
     assert not four_rank[name]["fsdp_mixed_precision"], "fp32 needs no policy"
 
 

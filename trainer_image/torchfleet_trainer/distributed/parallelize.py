@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed._composable.replicate import DDP
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining.schedules import _PipelineSchedule
@@ -58,12 +59,12 @@ class ParallelModel:
         (zero on pipeline ranks without the last stage).
 
         ``sync_grads=False`` (all but the last gradient-accumulation micro-step)
-        lets FSDP keep unsharded gradients locally instead of reduce-scattering
-        every micro-step.
+        lets FSDP keep unsharded gradients locally instead of reduce-scattering,
+        and DDP skip its all-reduce, every micro-step.
         """
         if self.schedule is None:
             for part in self.parts:
-                if isinstance(part, FSDPModule):
+                if isinstance(part, FSDPModule | DDP):
                     part.set_requires_gradient_sync(sync_grads)
             loss = cross_entropy(self.parts[0](inputs), targets)
             (loss * scale).backward()
