@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed._composable.replicate import DDP
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.distributed.tensor import DTensor
 
 from torchfleet_trainer.config import load_config
 from torchfleet_trainer.train import Trainer, build_runtime
@@ -65,6 +66,21 @@ def count_ddp_syncs(trainer: Trainer) -> list[int]:
     return syncs
 
 
+def watch_logits(trainer: Trainer) -> set[str]:
+    """The layouts of the logits this rank's output layer produced: a DTensor's
+    placements, or 'whole' for a plain tensor. Filled in as it trains."""
+    seen: set[str] = set()
+
+    def record(module: nn.Module, args: Any, output: Any) -> None:
+        seen.add(str(output.placements) if isinstance(output, DTensor) else "whole")
+
+    for part in trainer.model.parts:
+        layer = getattr(part, "output", None)
+        if isinstance(layer, nn.Module):
+            layer.register_forward_hook(record)
+    return seen
+
+
 def run_entry(entry: dict[str, Any]) -> dict[str, Any] | None:
     began = time.perf_counter()
     config = load_config(overrides=entry["overrides"], env={})
@@ -77,6 +93,7 @@ def run_entry(entry: dict[str, Any]) -> dict[str, Any] | None:
     elif dist.get_rank() == 0:
         trainer = Trainer(config, build_runtime(config, distributed=False))
     syncs = count_ddp_syncs(trainer) if trainer else []
+    logits = watch_logits(trainer) if trainer else set()
     result = trainer.run() if trainer else None
     if entry.get("single"):
         dist.barrier()
@@ -90,6 +107,7 @@ def run_entry(entry: dict[str, Any]) -> dict[str, Any] | None:
         # How reduced precision was applied: FSDP's policy (else autocast).
         "fsdp_mixed_precision": trainer.model.fsdp_mixed_precision,
         "ddp_syncs_after_forwards": syncs,
+        "logits_layouts": sorted(logits),
         "seconds": time.perf_counter() - began,
     }
 

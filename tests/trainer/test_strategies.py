@@ -291,6 +291,21 @@ def test_ddp_all_reduces_only_on_the_last_accumulation_micro_step(
     assert set(four_rank["ddp_grad_accum"]["ddp_syncs_after_forwards"]) == ends_of_steps
 
 
+# Tensor-parallel layouts whose rank 0 holds the output layer.
+TP_WITH_OUTPUT_ON_RANK0 = ["dp2_tp2_meta_init", "dp2_tp2_sp_activation_ckpt", "gpt_tp4_no_sp"]
+
+
+@pytest.mark.parametrize("name", TP_WITH_OUTPUT_ON_RANK0)
+def test_tensor_parallel_loss_never_gathers_the_logits(
+    four_rank: dict[str, Any], name: str
+) -> None:
+    # Sharded by vocabulary (dim 2) in fp32 and bf16; the loss on them equals
+    # the single process's (test_four_rank_layout_matches_single_process).
+    for run in (four_rank[name], four_rank[f"{name}_bf16"]):
+        assert run["logits_layouts"] == ["(Shard(dim=2),)"]
+    assert four_rank["reference_llama"]["logits_layouts"] == ["whole"]
+
+
 @pytest.mark.parametrize("name", sorted(FOUR_RANK_LAYOUTS))
 def test_four_rank_layout_in_bf16_tracks_fp32(four_rank: dict[str, Any], name: str) -> None:
     arch = FOUR_RANK_LAYOUTS[name][0]

@@ -8,9 +8,11 @@ so it shards the final parameters (DTensors from TP included).
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +21,8 @@ from torch.distributed._composable.replicate import DDP
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining.schedules import _PipelineSchedule
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
 
 from torchfleet_trainer.config import ConfigError, ResolvedDegrees, TrainConfig
 from torchfleet_trainer.distributed.data_parallel import apply_ddp, apply_fsdp, find_blocks
@@ -28,7 +32,14 @@ from torchfleet_trainer.distributed.tensor_parallel import apply_tensor_parallel
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean token loss; vocabulary-sharded logits (a DTensor, from TP) need
+    ``loss_parallel`` around this and its backward."""
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
+
+
+def local(loss: torch.Tensor) -> torch.Tensor:
+    """A loss from loss_parallel is a replicated DTensor: every rank's copy is whole."""
+    return loss.to_local() if isinstance(loss, DTensor) else loss
 
 
 @dataclass
@@ -42,6 +53,8 @@ class ParallelModel:
     # Whether FSDP's MixedPrecisionPolicy already runs the forward in the compute
     # dtype (then no autocast is needed around it).
     fsdp_mixed_precision: bool = False
+    # Whether the logits come sharded by vocabulary (tensor parallelism).
+    vocab_sharded: bool = False
     # Set before each step: the factor the pipeline's per-microbatch loss is scaled by.
     loss_scale: float = 1.0
 
@@ -66,24 +79,33 @@ class ParallelModel:
             for part in self.parts:
                 if isinstance(part, FSDPModule | DDP):
                     part.set_requires_gradient_sync(sync_grads)
-            loss = cross_entropy(self.parts[0](inputs), targets)
-            (loss * scale).backward()
-            return loss.detach()
+            with self.loss_context():
+                loss = cross_entropy(self.parts[0](inputs), targets)
+                (loss * scale).backward()
+            return local(loss.detach())
         self.loss_scale = scale
         losses: list[torch.Tensor] = []
         args = (inputs,) if self.has_first_stage else ()
-        self.schedule.step(*args, target=targets, losses=losses)
+        with self.loss_context():
+            self.schedule.step(*args, target=targets, losses=losses)
         return self._mean_microbatch_loss(losses, scale, inputs.device)
 
     @torch.no_grad()
     def eval_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         if self.schedule is None:
-            return cross_entropy(self.parts[0](inputs), targets)
+            with self.loss_context():
+                return local(cross_entropy(self.parts[0](inputs), targets))
         self.loss_scale = 1.0
         losses: list[torch.Tensor] = []
         args = (inputs,) if self.has_first_stage else ()
-        self.schedule.eval(*args, target=targets, losses=losses)
+        with self.loss_context():
+            self.schedule.eval(*args, target=targets, losses=losses)
         return self._mean_microbatch_loss(losses, 1.0, inputs.device)
+
+    def loss_context(self) -> contextlib.AbstractContextManager[Any]:
+        """Cross-entropy (and its backward) on vocabulary-sharded logits: each TP
+        rank reduces its shard, never materialising the full logits."""
+        return loss_parallel() if self.vocab_sharded else contextlib.nullcontext()
 
     def _mean_microbatch_loss(
         self, losses: list[torch.Tensor], scale: float, device: torch.device
@@ -91,7 +113,7 @@ class ParallelModel:
         if not self.has_last_stage:
             return torch.zeros((), device=device)
         # Each microbatch loss was scaled by scale/n for backward; undo it.
-        return torch.stack([loss.detach() for loss in losses]).sum() / scale
+        return torch.stack([local(loss.detach()) for loss in losses]).sum() / scale
 
     def pipeline_loss(
         self, n_microbatches: int
@@ -173,9 +195,10 @@ def parallelize(
     if dims.degrees.tp > 1:
         _require_decoder(model, "tensor parallelism")
     fsdp_mixed_precision = dims.wraps_in_fsdp(param_dtype) and param_dtype != torch.float32
+    vocab_sharded = dims.degrees.tp > 1
     if dims.degrees.pp == 1:
         _apply_within_stage(model, config, dims, param_dtype)
-        return ParallelModel([model], None, True, True, fsdp_mixed_precision)
+        return ParallelModel([model], None, True, True, fsdp_mixed_precision, vocab_sharded)
     _require_decoder(model, "pipeline parallelism")
     per_rank = config.parallel.stages_per_pipeline_rank
     num_stages = dims.degrees.pp * per_rank
@@ -189,6 +212,7 @@ def parallelize(
         has_first_stage=any(i == 0 for i, _ in stages),
         has_last_stage=any(i == num_stages - 1 for i, _ in stages),
         fsdp_mixed_precision=fsdp_mixed_precision,
+        vocab_sharded=vocab_sharded,
     )
     result.schedule = build_schedule(
         stages,
