@@ -24,7 +24,7 @@ from torchfleet_trainer.config import (
     resolve_checkpoint_dir,
     resolve_metrics_port,
 )
-from torchfleet_trainer.data import BatchSampler, load_corpus
+from torchfleet_trainer.data import BatchSampler, TrainBatchPrefetcher, load_corpus
 from torchfleet_trainer.distributed.parallel_dims import ParallelDims
 from torchfleet_trainer.distributed.parallelize import ParallelModel, parallelize
 from torchfleet_trainer.metrics import TrainMetrics, flops_per_token, log_json, mfu_peak_tflops
@@ -224,6 +224,7 @@ class Trainer:
             dims.dp_rank if dims else 0,
             self.dp_degree,
         )
+        self.train_batches = TrainBatchPrefetcher(self.sampler, runtime.device)
         self.stop = StopFlag()
         self.peak_tflops = self._peak_tflops()
         self.non_finite = NonFiniteGuard(training.max_non_finite_steps, metrics, self.log)
@@ -318,6 +319,8 @@ class Trainer:
             if self.checkpointer:
                 self.checkpointer.wait()
             raise
+        finally:
+            self.train_batches.close()
         if self.checkpointer:
             self.checkpointer.wait()
         return result
@@ -420,7 +423,10 @@ class Trainer:
         return every > 0 and (step % every == 0 or step == last)
 
     def _batch(self, split: str, global_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        inputs, targets = self.sampler.next_batch(split, global_rows)  # type: ignore[arg-type]
+        if split == "train":
+            inputs, targets = self.train_batches.next(global_rows)
+        else:
+            inputs, targets = self.sampler.next_batch(split, global_rows)  # type: ignore[arg-type]
         device = self.runtime.device
         return inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
 
