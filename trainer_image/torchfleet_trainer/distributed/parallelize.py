@@ -132,6 +132,13 @@ def _require_decoder(model: nn.Module, what: str) -> None:
         )
 
 
+def compiles_fullgraph(config: TrainConfig) -> bool:
+    """Built-in blocks compile as one graph each (no graph break, checkpointed or
+    not; tests/unit/trainer/test_compile.py). A user model's blocks may break
+    the graph, which fullgraph would turn into an error, so they compile without."""
+    return config.model.import_path is None
+
+
 def wrap_blocks(part: nn.Module, config: TrainConfig) -> None:
     """Activation checkpointing and compile, block by block; a model without the
     named container gets neither, and says so rather than silently."""
@@ -154,7 +161,7 @@ def wrap_blocks(part: nn.Module, config: TrainConfig) -> None:
             block = checkpoint_wrapper(block, preserve_rng_state=True)
             container.register_module(name, block)
         if config.training.compile:
-            block.compile()
+            block.compile(fullgraph=compiles_fullgraph(config))
 
 
 def reshards_after_forward(config: TrainConfig, degrees: ResolvedDegrees) -> bool:
