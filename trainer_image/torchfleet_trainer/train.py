@@ -323,6 +323,7 @@ class Trainer:
             self.train_batches.close()
         if self.checkpointer:
             self.checkpointer.wait()
+            self.checkpointer.close()
         return result
 
     def _loop(self, start: int, result: RunResult) -> None:
@@ -383,6 +384,9 @@ class Trainer:
         # Both values are reduced over every rank, so all ranks decide alike.
         finite = torch.isfinite(mean_loss) & torch.isfinite(grad_norm)
         skip = (~finite).float()
+        if self.checkpointer:
+            # An async save may still be copying the parameters this step updates.
+            self.checkpointer.wait_for_staging()
         for opt in self.optimizers:
             opt.found_inf = skip  # type: ignore[attr-defined]
             opt.step()
