@@ -194,9 +194,10 @@ class Plan:
 
 
 def force_fsdp_at_world_size_one() -> None:
-    """The Trainer wraps in FSDP2 only when it shards (parallel_dims.uses_fsdp); the
-    torchfleet_fsdp2 variant measures that path's cost at world size 1 (one shard,
-    MixedPrecisionPolicy casts instead of autocast), as TorchTitan runs it."""
+    """The Trainer wraps in FSDP2 when it shards, or at one shard for a bf16 run
+    (ParallelDims.wraps_in_fsdp: MixedPrecisionPolicy casts instead of autocast, as
+    TorchTitan runs it); the torchfleet_fsdp2 variant forces the wrapping for fp32
+    runs too, so that the path's cost at world size 1 is measured in every dtype."""
     from torchfleet_trainer.distributed.parallel_dims import ParallelDims
 
     ParallelDims.uses_fsdp = property(lambda self: True)

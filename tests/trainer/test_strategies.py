@@ -7,6 +7,11 @@ are fp32 on the same global batches; equality is checked per step on the loss
 and on the global gradient norm, which also catches gradients scaled by the
 world size (AdamW alone would hide that), and on the validation loss after
 the last step (the forward-only path, pipeline schedules' eval included).
+
+The same launches also run every layout in bf16 (for three steps, which the
+fp32 reference also evaluates after) and check it tracks the fp32 reference
+within bf16's tolerance: FSDP2's MixedPrecisionPolicy, also at shard degree 1
+(TP-only, PP-only), and autocast under DDP.
 """
 
 from __future__ import annotations
@@ -28,6 +33,15 @@ SAVED_STEP = 2
 # losses near 3.5; a wrong gradient changes them by >1e-3 within two steps.
 LOSS_TOL = 2e-5
 GRAD_NORM_REL_TOL = 1e-4
+# bf16 keeps 8 significant bits. Over three steps the layouts drift from the
+# fp32 reference by at most 0.0021 in loss and 1.7% in gradient norm (measured
+# on every layout here); the tolerances leave ~5x / 3x room. What a broken path
+# does is far outside them: the loss falls by 0.1-0.2 per step, so a lost or
+# doubled update moves it by >0.05, and gradients not averaged over data-parallel
+# ranks change the norm by a factor of the degree.
+BF16_STEPS = 3
+BF16_LOSS_TOL = 0.01
+BF16_GRAD_NORM_REL_TOL = 0.05
 
 
 def learnable_tokens(path: Path) -> Path:
@@ -70,6 +84,20 @@ def base(data: Path, arch: str = "llama") -> list[str]:
     ]
 
 
+def reference(data: Path, arch: str) -> dict[str, Any]:
+    """The single-process fp32 run, also evaluated after BF16_STEPS (eval does not
+    change its training)."""
+    overrides = [*base(data, arch), f"training.evalInterval={BF16_STEPS}"]
+    return {"name": f"reference_{arch}", "single": True, "overrides": overrides}
+
+
+def bf16(name: str, arch: str, extra: list[str], data: Path) -> dict[str, Any]:
+    """The layout in bf16 for BF16_STEPS steps, evaluated after the last."""
+    short = [f"training.steps={BF16_STEPS}", f"training.evalInterval={BF16_STEPS}"]
+    overrides = [*base(data, arch), *extra, "training.precision=bf16", *short]
+    return {"name": f"{name}_bf16", "overrides": overrides}
+
+
 def checkpointing(directory: Path) -> list[str]:
     return [
         "checkpoint.enabled=true",
@@ -79,9 +107,13 @@ def checkpointing(directory: Path) -> list[str]:
     ]
 
 
+DDP_ACCUM = 2
 # name -> (architecture, overrides on top of base); all on 4 ranks.
 FOUR_RANK_LAYOUTS: dict[str, tuple[str, list[str]]] = {
-    "ddp": ("llama", ["parallel.dataParallelReplicate=4"]),
+    "ddp_grad_accum": (
+        "llama",
+        ["parallel.dataParallelReplicate=4", f"training.gradAccumSteps={DDP_ACCUM}"],
+    ),
     # dataParallelShard=-1 takes all 4 ranks; also saves the checkpoint others resume.
     "fsdp_grad_accum": ("llama", ["training.gradAccumSteps=2"]),
     "hsdp_2x2": ("llama", ["parallel.dataParallelReplicate=2"]),
@@ -127,24 +159,22 @@ def data_file(workdir: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def four_rank(workdir: Path, data_file: Path) -> dict[str, Any]:
-    plan: list[dict[str, Any]] = [
-        {"name": "reference_llama", "single": True, "overrides": base(data_file)},
-        {"name": "reference_gpt", "single": True, "overrides": base(data_file, "gpt")},
-    ]
+    plan = [reference(data_file, "llama"), reference(data_file, "gpt")]
     for name, (arch, extra) in FOUR_RANK_LAYOUTS.items():
         overrides = base(data_file, arch) + extra
         if name == "fsdp_grad_accum":
             overrides += checkpointing(workdir / "fsdp4")
         plan.append({"name": name, "overrides": overrides})
+        plan.append(bf16(name, arch, extra, data_file))
     return run_plan(4, plan, workdir)
 
 
 @pytest.fixture(scope="module")
 def eight_rank(workdir: Path, data_file: Path, four_rank: dict[str, Any]) -> dict[str, Any]:
-    plan: list[dict[str, Any]] = [
-        {"name": name, "overrides": base(data_file, arch) + extra}
-        for name, (arch, extra) in EIGHT_RANK_LAYOUTS.items()
-    ]
+    plan: list[dict[str, Any]] = []
+    for name, (arch, extra) in EIGHT_RANK_LAYOUTS.items():
+        plan.append({"name": name, "overrides": base(data_file, arch) + extra})
+        plan.append(bf16(name, arch, extra, data_file))
     saved = workdir / "fsdp4" / f"step-{SAVED_STEP:08d}"
     resume_dir = workdir / "fsdp4_to_3d"
     plan.append(
@@ -206,17 +236,40 @@ def two_rank(workdir: Path, data_file: Path, four_rank: dict[str, Any]) -> dict[
     return run_plan(2, plan, workdir)
 
 
-def assert_same_steps(run: dict[str, Any], reference: dict[str, Any], steps: range) -> None:
+def assert_tracks(
+    run: dict[str, Any],
+    reference: dict[str, Any],
+    steps: range,
+    last: int = STEPS,
+    loss_tol: float = LOSS_TOL,
+    grad_norm_rel_tol: float = GRAD_NORM_REL_TOL,
+) -> None:
+    """Per step, loss and global gradient norm within the tolerances of the
+    reference's; the validation loss after step ``last`` too."""
     for step in steps:
         key = str(step)
         loss, expected = run["losses"][key], reference["losses"][key]
-        assert abs(loss - expected) <= LOSS_TOL, f"step {step}: loss {loss} != {expected}"
+        assert abs(loss - expected) <= loss_tol, f"step {step}: loss {loss} != {expected}"
         norm, expected_norm = run["grad_norms"][key], reference["grad_norms"][key]
-        assert math.isclose(norm, expected_norm, rel_tol=GRAD_NORM_REL_TOL), (
+        assert math.isclose(norm, expected_norm, rel_tol=grad_norm_rel_tol), (
             f"step {step}: grad norm {norm} != {expected_norm}"
         )
-    final = str(STEPS)
-    assert abs(run["eval"][final] - reference["eval"][final]) <= LOSS_TOL, "validation loss"
+    final = str(last)
+    assert abs(run["eval"][final] - reference["eval"][final]) <= loss_tol, "validation loss"
+
+
+def assert_same_steps(run: dict[str, Any], reference: dict[str, Any], steps: range) -> None:
+    assert_tracks(run, reference, steps)
+
+
+def assert_bf16_tracks_fp32(run: dict[str, Any], reference: dict[str, Any]) -> None:
+    steps = range(1, BF16_STEPS + 1)
+    assert sorted(map(int, run["losses"])) == list(steps)
+    assert_tracks(run, reference, steps, BF16_STEPS, BF16_LOSS_TOL, BF16_GRAD_NORM_REL_TOL)
+    # It really computed in bf16: fp32 layouts agree to GRAD_NORM_REL_TOL.
+    norms, expected = run["grad_norms"], reference["grad_norms"]
+    drift = max(abs(norms[str(s)] / expected[str(s)] - 1) for s in steps)
+    assert drift > GRAD_NORM_REL_TOL, f"bf16 run matches fp32 to {drift}: ran in fp32?"
 
 
 def test_reference_learns(four_rank: dict[str, Any]) -> None:
@@ -228,6 +281,49 @@ def test_reference_learns(four_rank: dict[str, Any]) -> None:
 def test_four_rank_layout_matches_single_process(four_rank: dict[str, Any], name: str) -> None:
     arch = FOUR_RANK_LAYOUTS[name][0]
     assert_same_steps(four_rank[name], four_rank[f"reference_{arch}"], range(1, STEPS + 1))
+
+
+def test_ddp_all_reduces_only_on_the_last_accumulation_micro_step(
+    four_rank: dict[str, Any],
+) -> None:
+    # Forwards run before each all-reduce: micro-steps 2, 4, ... end the steps.
+    ends_of_steps = {DDP_ACCUM * step for step in range(1, STEPS + 1)}
+    assert set(four_rank["ddp_grad_accum"]["ddp_syncs_after_forwards"]) == ends_of_steps
+
+
+# Tensor-parallel layouts whose rank 0 holds the output layer.
+TP_WITH_OUTPUT_ON_RANK0 = ["dp2_tp2_meta_init", "dp2_tp2_sp_activation_ckpt", "gpt_tp4_no_sp"]
+
+
+@pytest.mark.parametrize("name", TP_WITH_OUTPUT_ON_RANK0)
+def test_tensor_parallel_loss_never_gathers_the_logits(
+    four_rank: dict[str, Any], name: str
+) -> None:
+    # Sharded by vocabulary (dim 2) in fp32 and bf16; the loss on them equals
+    # the single process's (test_four_rank_layout_matches_single_process).
+    for run in (four_rank[name], four_rank[f"{name}_bf16"]):
+        assert run["logits_layouts"] == ["(Shard(dim=2),)"]
+    assert four_rank["reference_llama"]["logits_layouts"] == ["whole"]
+
+
+@pytest.mark.parametrize("name", sorted(FOUR_RANK_LAYOUTS))
+def test_four_rank_layout_in_bf16_tracks_fp32(four_rank: dict[str, Any], name: str) -> None:
+    arch = FOUR_RANK_LAYOUTS[name][0]
+    run = four_rank[f"{name}_bf16"]
+    assert_bf16_tracks_fp32(run, four_rank[f"reference_{arch}"])
+    # FSDP's MixedPrecisionPolicy wherever DDP does not hold the parameters.
+    assert run["fsdp_mixed_precision"] == (name != "ddp_grad_accum")
+    assert not four_rank[name]["fsdp_mixed_precision"], "fp32 needs no policy"
+
+
+@pytest.mark.parametrize("name", sorted(EIGHT_RANK_LAYOUTS))
+def test_eight_rank_3d_in_bf16_tracks_fp32(
+    four_rank: dict[str, Any], eight_rank: dict[str, Any], name: str
+) -> None:
+    arch = EIGHT_RANK_LAYOUTS[name][0]
+    run = eight_rank[f"{name}_bf16"]
+    assert_bf16_tracks_fp32(run, four_rank[f"reference_{arch}"])
+    assert run["fsdp_mixed_precision"]
 
 
 @pytest.mark.parametrize("name", sorted(EIGHT_RANK_LAYOUTS))

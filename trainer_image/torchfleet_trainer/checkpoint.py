@@ -25,10 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -36,6 +38,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torch.optim import Optimizer
 
 from torchfleet_trainer.config import CheckpointConfig
@@ -113,6 +116,12 @@ class Checkpointer:
         # Async saves run collectives from a background thread; a gloo group
         # of their own keeps them apart from the training collectives.
         self.async_group: Any = dist.new_group(backend="gloo") if config.async_save else None
+        # One stager for the whole run: it keeps the host copies (pinned on CUDA)
+        # between saves instead of allocating them each time, and copies on a
+        # thread of its own while the next step computes.
+        self.stager = _async_stager() if config.async_save else None
+        # Set while an async save is still copying the state to the host.
+        self.staging: Future[None] | None = None
 
     def state_dict(self, train_state: dict[str, Any]) -> dict[str, Any]:
         model: dict[str, Any] = {}
@@ -132,17 +141,34 @@ class Checkpointer:
             partial.mkdir(parents=True)
         dist.barrier()
         state = self.state_dict(train_state)
-        if self.config.async_save and not force_sync:
-            future = dcp.async_save(
-                state, storage_writer=_writer(partial), process_group=self.async_group
+        if self.stager is not None and not force_sync:
+            response = dcp.async_save(
+                state,
+                storage_writer=_writer(partial),
+                process_group=self.async_group,
+                async_stager=self.stager,
             )
-            assert isinstance(future, Future)
-            self.pending = PendingSave(step, partial, future)
+            assert isinstance(response, AsyncSaveResponse)
+            self.staging = response.staging_completion
+            self.pending = PendingSave(step, partial, response.upload_completion)
         else:
             dcp.save(state, storage_writer=_writer(partial))
             dist.barrier()
             self._finalize(step, partial)
         return time.perf_counter() - start
+
+    def wait_for_staging(self) -> None:
+        """Blocks until an async save's host copy is taken; call it before the
+        optimizer changes the parameters that save is copying."""
+        if self.staging is not None:
+            staging, self.staging = self.staging, None
+            staging.result()
+
+    def close(self) -> None:
+        """Frees the stager's host copies (after the last save has been waited for)."""
+        if self.stager is not None:
+            self.stager.close()
+            self.stager = None
 
     def poll(self) -> None:
         """Marks an async save complete as soon as rank 0's part is done, without
@@ -159,6 +185,7 @@ class Checkpointer:
         if self.pending is None:
             return
         pending, self.pending = self.pending, None
+        self.wait_for_staging()
         pending.future.result()
         dist.barrier()
         if not pending.finalized:
@@ -194,6 +221,17 @@ class Checkpointer:
             set_optimizer_state_dict(part, opt, state["optimizer"], options=_OPTIONS)
         train_state.update(state["train"])
         return int(state["train"]["step"]), time.perf_counter() - start
+
+
+def _async_stager() -> DefaultStager:
+    cuda = torch.cuda.is_available()
+    options = StagingOptions(
+        use_pinned_memory=cuda,
+        use_shared_memory=False,
+        use_async_staging=True,
+        use_non_blocking_copy=cuda,
+    )
+    return DefaultStager(options)
 
 
 def _writer(path: Path) -> FileSystemWriter:

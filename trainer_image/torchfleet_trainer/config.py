@@ -276,7 +276,9 @@ class ParallelConfig(_Section):
         True, description="With tensor>1, also shard norms and dropout along the sequence."
     )
     reshard_after_forward: bool = Field(
-        True, description="FSDP2: free gathered parameters after forward (ZeRO-3)."
+        True,
+        description="FSDP2: free gathered parameters after forward (ZeRO-3). Not under "
+        "pipeline parallelism, where each microbatch would gather them again.",
     )
 
     @model_validator(mode="after")

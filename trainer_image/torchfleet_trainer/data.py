@@ -9,6 +9,7 @@ rank reads only its own slice of it, and a resumed run that restores
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -128,9 +129,15 @@ class BatchSampler:
 
     def next_batch(self, split: Split, global_batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets) for this rank: its ``global_batch / dp_degree`` rows."""
-        tokens = self.corpus.split(split)
         index = self.position[split]
         self.position[split] += 1
+        return self.batch_at(split, index, global_batch)
+
+    def batch_at(
+        self, split: Split, index: int, global_batch: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's rows of global batch ``index`` of ``split``; moves nothing."""
+        tokens = self.corpus.split(split)
         split_id = 0 if split == "train" else 1
         rng = np.random.default_rng((self.seed, split_id, index))
         starts = rng.integers(0, len(tokens) - self.seq_len - 1, size=global_batch)
@@ -145,3 +152,49 @@ class BatchSampler:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.position = {k: int(state[f"position_{k}"]) for k in self.position}
+
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class TrainBatchPrefetcher:
+    """Draws the next training batch on a background thread while the step runs.
+
+    On CUDA the batch lands in pinned host memory (PyTorch caches the pinned
+    blocks), so the copy to the GPU is asynchronous. The sampler's position
+    counts only batches handed out, so a checkpoint resumes exactly; a batch
+    drawn ahead for another position (after a resume) is dropped.
+    """
+
+    def __init__(self, sampler: BatchSampler, device: torch.device) -> None:
+        self.sampler = sampler
+        self.pin = device.type == "cuda"
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-prefetch")
+        # (index, global rows) of the batch being drawn ahead, and its future.
+        self.ahead: tuple[tuple[int, int], Future[Batch]] | None = None
+
+    def next(self, global_batch: int) -> Batch:
+        index = self.sampler.position["train"]
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None and ahead[0] == (index, global_batch):
+            batch = ahead[1].result()
+        else:
+            batch = self._draw(index, global_batch)
+        self.sampler.position["train"] = index + 1
+        future = self.pool.submit(self._draw, index + 1, global_batch)
+        self.ahead = ((index + 1, global_batch), future)
+        return batch
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def _draw(self, index: int, global_batch: int) -> Batch:
+        inputs, targets = self.sampler.batch_at("train", index, global_batch)
+        if not self.pin:
+            return inputs, targets
+        return _pinned(inputs), _pinned(targets)
+
+
+def _pinned(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy in page-locked memory (one copy, even from a view)."""
+    return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True).copy_(tensor)

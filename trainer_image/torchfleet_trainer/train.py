@@ -25,7 +25,7 @@ from torchfleet_trainer.config import (
     resolve_checkpoint_dir,
     resolve_metrics_port,
 )
-from torchfleet_trainer.data import BatchSampler, load_corpus
+from torchfleet_trainer.data import BatchSampler, TrainBatchPrefetcher, load_corpus
 from torchfleet_trainer.distributed.materialize import (
     initialise,
     materialise,
@@ -226,6 +226,7 @@ class Trainer:
             dims.dp_rank if dims else 0,
             self.dp_degree,
         )
+        self.train_batches = TrainBatchPrefetcher(self.sampler, runtime.device)
         self.stop = StopFlag()
         self.peak_tflops = self._peak_tflops()
         self.non_finite = NonFiniteGuard(training.max_non_finite_steps, metrics, self.log)
@@ -284,8 +285,8 @@ class Trainer:
         return parallel
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        fsdp_casts = self.runtime.dims is not None and self.runtime.dims.uses_fsdp
-        if self.runtime.dtype == torch.float32 or fsdp_casts:
+        """Autocast only where FSDP's mixed-precision policy does not already cast."""
+        if self.runtime.dtype == torch.float32 or self.model.fsdp_mixed_precision:
             return contextlib.nullcontext()
         return torch.autocast(self.runtime.device.type, dtype=self.runtime.dtype)
 
@@ -324,10 +325,12 @@ class Trainer:
                 self.checkpointer.wait()
             raise
         finally:
+            self.train_batches.close()
             if self.tensorboard:
                 self.tensorboard.close()
         if self.checkpointer:
             self.checkpointer.wait()
+            self.checkpointer.close()
         return result
 
     def _open_tensorboard(self, start: int) -> None:
@@ -401,6 +404,9 @@ class Trainer:
         # Both values are reduced over every rank, so all ranks decide alike.
         finite = torch.isfinite(mean_loss) & torch.isfinite(grad_norm)
         skip = (~finite).float()
+        if self.checkpointer:
+            # An async save may still be copying the parameters this step updates.
+            self.checkpointer.wait_for_staging()
         for opt in self.optimizers:
             opt.found_inf = skip  # type: ignore[attr-defined]
             opt.step()
@@ -441,7 +447,10 @@ class Trainer:
         return every > 0 and (step % every == 0 or step == last)
 
     def _batch(self, split: str, global_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        inputs, targets = self.sampler.next_batch(split, global_rows)  # type: ignore[arg-type]
+        if split == "train":
+            inputs, targets = self.train_batches.next(global_rows)
+        else:
+            inputs, targets = self.sampler.next_batch(split, global_rows)  # type: ignore[arg-type]
         device = self.runtime.device
         return inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
@@ -48,6 +49,15 @@ class ParallelDims:
     @property
     def uses_ddp(self) -> bool:
         return self.degrees.dp_replicate > 1 and not self.uses_fsdp
+
+    def wraps_in_fsdp(self, param_dtype: torch.dtype) -> bool:
+        """Whether FSDP2 wraps the model: wherever it shards, and for reduced
+        precision also at shard degree 1 unless DDP replicates (TP-only, PP-only,
+        one process). Its MixedPrecisionPolicy casts each weight to bf16 once per
+        gather, so blocks run natively in bf16; autocast instead re-dispatches and
+        casts at every op, and stays only where DDP holds the parameters."""
+        reduced = param_dtype != torch.float32
+        return self.uses_fsdp or (reduced and not self.uses_ddp)
 
     def dp_mesh(self) -> DeviceMesh:
         if self.degrees.dp_replicate > 1:

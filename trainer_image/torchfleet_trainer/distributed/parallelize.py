@@ -8,18 +8,23 @@ so it shards the final parameters (DTensors from TP included).
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed._composable.replicate import DDP
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining.schedules import _PipelineSchedule
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
 
-from torchfleet_trainer.config import ConfigError, TrainConfig
+from torchfleet_trainer.config import ConfigError, ResolvedDegrees, TrainConfig
 from torchfleet_trainer.distributed.data_parallel import apply_ddp, apply_fsdp, find_blocks
 from torchfleet_trainer.distributed.parallel_dims import ParallelDims
 from torchfleet_trainer.distributed.pipeline import build_schedule, split_model
@@ -27,7 +32,14 @@ from torchfleet_trainer.distributed.tensor_parallel import apply_tensor_parallel
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean token loss; vocabulary-sharded logits (a DTensor, from TP) need
+    ``loss_parallel`` around this and its backward."""
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
+
+
+def local(loss: torch.Tensor) -> torch.Tensor:
+    """A loss from loss_parallel is a replicated DTensor: every rank's copy is whole."""
+    return loss.to_local() if isinstance(loss, DTensor) else loss
 
 
 @dataclass
@@ -38,6 +50,11 @@ class ParallelModel:
     schedule: _PipelineSchedule | None
     has_first_stage: bool
     has_last_stage: bool
+    # Whether FSDP's MixedPrecisionPolicy already runs the forward in the compute
+    # dtype (then no autocast is needed around it).
+    fsdp_mixed_precision: bool = False
+    # Whether the logits come sharded by vocabulary (tensor parallelism).
+    vocab_sharded: bool = False
     # Set before each step: the factor the pipeline's per-microbatch loss is scaled by.
     loss_scale: float = 1.0
 
@@ -55,31 +72,40 @@ class ParallelModel:
         (zero on pipeline ranks without the last stage).
 
         ``sync_grads=False`` (all but the last gradient-accumulation micro-step)
-        lets FSDP keep unsharded gradients locally instead of reduce-scattering
-        every micro-step.
+        lets FSDP keep unsharded gradients locally instead of reduce-scattering,
+        and DDP skip its all-reduce, every micro-step.
         """
         if self.schedule is None:
             for part in self.parts:
-                if isinstance(part, FSDPModule):
+                if isinstance(part, FSDPModule | DDP):
                     part.set_requires_gradient_sync(sync_grads)
-            loss = cross_entropy(self.parts[0](inputs), targets)
-            (loss * scale).backward()
-            return loss.detach()
+            with self.loss_context():
+                loss = cross_entropy(self.parts[0](inputs), targets)
+                (loss * scale).backward()
+            return local(loss.detach())
         self.loss_scale = scale
         losses: list[torch.Tensor] = []
         args = (inputs,) if self.has_first_stage else ()
-        self.schedule.step(*args, target=targets, losses=losses)
+        with self.loss_context():
+            self.schedule.step(*args, target=targets, losses=losses)
         return self._mean_microbatch_loss(losses, scale, inputs.device)
 
     @torch.no_grad()
     def eval_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         if self.schedule is None:
-            return cross_entropy(self.parts[0](inputs), targets)
+            with self.loss_context():
+                return local(cross_entropy(self.parts[0](inputs), targets))
         self.loss_scale = 1.0
         losses: list[torch.Tensor] = []
         args = (inputs,) if self.has_first_stage else ()
-        self.schedule.eval(*args, target=targets, losses=losses)
+        with self.loss_context():
+            self.schedule.eval(*args, target=targets, losses=losses)
         return self._mean_microbatch_loss(losses, 1.0, inputs.device)
+
+    def loss_context(self) -> contextlib.AbstractContextManager[Any]:
+        """Cross-entropy (and its backward) on vocabulary-sharded logits: each TP
+        rank reduces its shard, never materialising the full logits."""
+        return loss_parallel() if self.vocab_sharded else contextlib.nullcontext()
 
     def _mean_microbatch_loss(
         self, losses: list[torch.Tensor], scale: float, device: torch.device
@@ -87,7 +113,7 @@ class ParallelModel:
         if not self.has_last_stage:
             return torch.zeros((), device=device)
         # Each microbatch loss was scaled by scale/n for backward; undo it.
-        return torch.stack([loss.detach() for loss in losses]).sum() / scale
+        return torch.stack([local(loss.detach()) for loss in losses]).sum() / scale
 
     def pipeline_loss(
         self, n_microbatches: int
@@ -104,6 +130,13 @@ def _require_decoder(model: nn.Module, what: str) -> None:
             f"parallel: {what} needs a model with a 'layers' ModuleDict of blocks "
             "(like the built-in gpt/llama); this model has none"
         )
+
+
+def compiles_fullgraph(config: TrainConfig) -> bool:
+    """Built-in blocks compile as one graph each (no graph break, checkpointed or
+    not; tests/unit/trainer/test_compile.py). A user model's blocks may break
+    the graph, which fullgraph would turn into an error, so they compile without."""
+    return config.model.import_path is None
 
 
 def wrap_blocks(part: nn.Module, config: TrainConfig) -> None:
@@ -128,7 +161,14 @@ def wrap_blocks(part: nn.Module, config: TrainConfig) -> None:
             block = checkpoint_wrapper(block, preserve_rng_state=True)
             container.register_module(name, block)
         if config.training.compile:
-            block.compile()
+            block.compile(fullgraph=compiles_fullgraph(config))
+
+
+def reshards_after_forward(config: TrainConfig, degrees: ResolvedDegrees) -> bool:
+    """FSDP frees gathered parameters after forward as configured, except under
+    pipeline parallelism: a stage runs forward once per microbatch and would
+    gather again each time (TorchTitan's default too)."""
+    return config.parallel.reshard_after_forward and degrees.pp == 1
 
 
 def _apply_within_stage(
@@ -137,12 +177,12 @@ def _apply_within_stage(
     if dims.degrees.tp > 1:
         apply_tensor_parallel(part, dims.mesh["tp"], config.parallel.sequence_parallel)
     wrap_blocks(part, config)
-    if dims.uses_fsdp:
+    if dims.wraps_in_fsdp(param_dtype):
         apply_fsdp(
             part,
             dims.dp_mesh(),
             param_dtype,
-            config.parallel.reshard_after_forward,
+            reshards_after_forward(config, dims.degrees),
             config.model.blocks,
         )
     elif dims.uses_ddp:
@@ -161,9 +201,11 @@ def parallelize(
         return ParallelModel([model], None, True, True)
     if dims.degrees.tp > 1:
         _require_decoder(model, "tensor parallelism")
+    fsdp_mixed_precision = dims.wraps_in_fsdp(param_dtype) and param_dtype != torch.float32
+    vocab_sharded = dims.degrees.tp > 1
     if dims.degrees.pp == 1:
         _apply_within_stage(model, config, dims, param_dtype)
-        return ParallelModel([model], None, True, True)
+        return ParallelModel([model], None, True, True, fsdp_mixed_precision, vocab_sharded)
     _require_decoder(model, "pipeline parallelism")
     per_rank = config.parallel.stages_per_pipeline_rank
     num_stages = dims.degrees.pp * per_rank
@@ -176,6 +218,8 @@ def parallelize(
         schedule=None,
         has_first_stage=any(i == 0 for i, _ in stages),
         has_last_stage=any(i == num_stages - 1 for i, _ in stages),
+        fsdp_mixed_precision=fsdp_mixed_precision,
+        vocab_sharded=vocab_sharded,
     )
     result.schedule = build_schedule(
         stages,

@@ -97,8 +97,10 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parall
     if getattr(model, "norm", None) is not None:
         top["norm"] = _norm_style(sequence_parallel)
     if getattr(model, "output", None) is not None:
+        # Logits stay sharded by vocabulary: the loss runs under loss_parallel
+        # instead of gathering (batch, seq, vocab) onto every rank.
         top["output"] = ColwiseParallel(
-            input_layouts=residual, output_layouts=Replicate(), use_local_output=True
+            input_layouts=residual, output_layouts=Shard(-1), use_local_output=False
         )
     parallelize_module(model, tp_mesh, top)
     blocks = blocks_of(model)
