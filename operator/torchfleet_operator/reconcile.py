@@ -609,16 +609,17 @@ def _progress(step: _Pass) -> None:
     """The latest scrape into status.progress, unless it is the old gang's."""
     observed = step.observed
     shown = step.status.get("progress")
+    shown = shown if isinstance(shown, dict) else None
     running = cond.find(step.status.get("conditions"), c.CONDITION_RUNNING) or {}
     since = running.get("lastTransitionTime") if running.get("status") == "True" else None
     if (
         observed.progress is not None
         and step.old_status.get("phase") == c.PHASE_RUNNING  # only a running gang is scraped
-        and progress_status.is_current(
-            observed.progress, shown if isinstance(shown, dict) else None, since
-        )
     ):
-        step.status["progress"] = observed.progress
+        if progress_status.is_current(observed.progress, shown, since):
+            step.status["progress"] = observed.progress
+        elif progress_status.waits_for_a_later_second(observed.progress, shown, step.now):
+            step.plan.wake_in(1.0)  # by then the poller holds a scrape a second newer
     last = (step.status.get("lastCheckpoint") or {}).get("step")
     if observed.checkpoint_step is not None and observed.checkpoint_step != last:
         step.status["lastCheckpoint"] = {"step": observed.checkpoint_step, "time": step.stamp}

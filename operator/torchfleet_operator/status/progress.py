@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import sys
+from datetime import datetime, timedelta
 from typing import Any, cast
 
 from annotated_types import Ge, Le
@@ -175,6 +176,25 @@ def is_current(
         return False
     since = parse_time(running_since)
     return since is None or taken >= since
+
+
+def waits_for_a_later_second(
+    scraped: dict[str, Any], shown: dict[str, Any] | None, now: datetime
+) -> bool:
+    """A fresh scrape with new figures that is_current refused only because it was
+    taken in the same (whole) second as what is shown: one taken a second later
+    will pass. The poller asks for a pass only when the figures change, so without
+    a second look these figures would wait for the next change, or the resync.
+    Only while the scrape is fresh: a master that stopped answering (an old
+    gang's) must not keep its job coming back every second."""
+    if not isinstance(shown, dict):
+        return False
+    taken = parse_time(scraped.get("updateTime"))
+    if taken is None or taken != parse_time(shown.get("updateTime")):
+        return False
+    if now - taken > timedelta(seconds=2):
+        return False
+    return any(scraped.get(k) != shown.get(k) for k in scraped if k != "updateTime")
 
 
 def resumed(

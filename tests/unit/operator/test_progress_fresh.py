@@ -143,3 +143,34 @@ def test_a_running_gang_keeps_its_scraped_figures() -> None:
     newer = LAST_SCRAPE | {"step": 310, "updateTime": stamp(99)}
     p = plan(job(), observed(*gang(), progress=newer), at(100), CONFIG, status=running())
     assert p.status["phase"] == "Running" and p.status["progress"] == newer
+
+
+@pytest.mark.parametrize(
+    ("figures", "now", "second_look"),
+    [
+        ({"step": 301}, 95.6, True),
+        ({}, 95.6, False),
+        ({"step": 301}, 99, False),
+    ],
+    ids=[
+        "new figures, same second: another pass in a second",
+        "same figures: nothing to show, no pass",
+        "an old scrape that stopped changing: never a pass a second",
+    ],
+)
+def test_new_figures_in_the_second_already_shown_get_a_second_look(
+    figures: dict[str, Any], now: float, second_look: bool
+) -> None:
+    # Timestamps are whole seconds: a scrape in the second already shown is not
+    # "newer", and the poller wakes the job only when the figures change again.
+    same_second = LAST_SCRAPE | figures
+    p = plan(job(), observed(*gang(), progress=same_second), at(now), CONFIG, status=running())
+    assert p.status["progress"] == LAST_SCRAPE
+    if second_look:
+        assert p.requeue_after is not None and p.requeue_after <= 1.0
+        # By then the poller holds the same figures a second later: shown.
+        later = same_second | {"updateTime": stamp(96)}
+        shown = plan(job(), observed(*gang(), progress=later), at(96.1), CONFIG, status=p.status)
+        assert shown.status["progress"] == later
+    else:
+        assert p.requeue_after is None or p.requeue_after > 1.0
