@@ -232,8 +232,9 @@ def kill_a_worker_rank() -> None:
 
 def trainer_events(pod: str, kind: str) -> list[list[dict[str, Any]]]:
     """The trainer's JSON events of one kind, per run of the pod, oldest first."""
+    found_dirs = (STATE / "agent" / "pods").glob(f"{NAMESPACE}_{pod}_*")
     runs = sorted(
-        (STATE / "agent" / "pods").glob(f"{NAMESPACE}_{pod}_*"),
+        (run for run in found_dirs if (run / "started").exists()),  # else not started yet
         key=lambda run: int((run / "started").read_text()),
     )
     found = []

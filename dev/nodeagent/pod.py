@@ -83,7 +83,10 @@ class PodRunner:
         # The pod as it was started, and when: tools order a pod's runs by it
         # (a gang restart reuses pod names).
         (self.pod_dir / "pod.json").write_text(json.dumps(self.pod, indent=1))
-        (self.pod_dir / "started").write_text(f"{time.time_ns()}\n")
+        # Written whole or not at all: a reader never sees an empty "started".
+        partial = self.pod_dir / "started.partial"
+        partial.write_text(f"{time.time_ns()}\n")
+        partial.replace(self.pod_dir / "started")
         (self.pod_dir / "logs").mkdir(exist_ok=True)
         workdir = self.pod_dir / "workdir"
         workdir.mkdir(exist_ok=True)
