@@ -34,6 +34,7 @@ REPO = DEV.parent
 sys.path.insert(0, str(DEV))
 
 from nodeagent import node as agent_node  # noqa: E402
+from nodeagent import pod as agent_pod  # noqa: E402
 from nodeagent import procs  # noqa: E402
 from prometheus import prom  # noqa: E402
 
@@ -232,11 +233,7 @@ def kill_a_worker_rank() -> None:
 
 def trainer_events(pod: str, kind: str) -> list[list[dict[str, Any]]]:
     """The trainer's JSON events of one kind, per run of the pod, oldest first."""
-    found_dirs = (STATE / "agent" / "pods").glob(f"{NAMESPACE}_{pod}_*")
-    runs = sorted(
-        (run for run in found_dirs if (run / "started").exists()),  # else not started yet
-        key=lambda run: int((run / "started").read_text()),
-    )
+    runs = agent_pod.pod_runs(STATE / "agent", NAMESPACE, pod)
     found = []
     for run in runs:
         log = run / "logs" / "trainer.log"

@@ -15,6 +15,8 @@ from . import network, podspec, runtime
 log = logging.getLogger("nodeagent.pod")
 
 RESTART_BACKOFF_SECONDS = 1.0
+# A pod directory's start time (ns since the epoch), written whole when it starts.
+STARTED = "started"
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,14 @@ class NodeContext:
 def pod_dir_name(pod: Mapping[str, Any]) -> str:
     meta = pod["metadata"]
     return f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
+
+
+def pod_runs(state_dir: Path, namespace: str, name: str) -> list[Path]:
+    """The directory of every run of a pod by that name (a gang restart makes a new
+    pod with the same name), oldest first; one not started yet is not a run."""
+    found = (state_dir / "pods").glob(f"{namespace}_{name}_*")
+    started = [run for run in found if (run / STARTED).exists()]
+    return sorted(started, key=lambda run: int((run / STARTED).read_text()))
 
 
 def phase_of(restart_policy: str, exit_codes: list[int | None], initialized: bool) -> str:
@@ -84,9 +94,9 @@ class PodRunner:
         # (a gang restart reuses pod names).
         (self.pod_dir / "pod.json").write_text(json.dumps(self.pod, indent=1))
         # Written whole or not at all: a reader never sees an empty "started".
-        partial = self.pod_dir / "started.partial"
+        partial = self.pod_dir / f"{STARTED}.partial"
         partial.write_text(f"{time.time_ns()}\n")
-        partial.replace(self.pod_dir / "started")
+        partial.replace(self.pod_dir / STARTED)
         (self.pod_dir / "logs").mkdir(exist_ok=True)
         workdir = self.pod_dir / "workdir"
         workdir.mkdir(exist_ok=True)
