@@ -1,7 +1,8 @@
 """The control loop: informer caches in, plans out, on worker tasks.
 
 kopf (``handlers.py``) feeds the caches (its indices) and calls ``enqueue``;
-this module owns the work queue, the in-memory expectations and the last
+pods come from the operator's own informer (``informer.py``), started here.
+This module owns the work queue, the in-memory expectations and the last
 status written, and runs each pass's blocking API calls in a thread so that
 kopf's event loop never blocks. It imports no kopf: the caches are mappings.
 """
@@ -12,7 +13,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -21,7 +22,8 @@ from typing import Any
 from torchfleet_operator import metrics
 from torchfleet_operator.build.names import checkpoint_claim_name
 from torchfleet_operator.config import OperatorConfig
-from torchfleet_operator.kube import Executor
+from torchfleet_operator.informer import PodInformer
+from torchfleet_operator.kube import Executor, RawApi
 from torchfleet_operator.leader import LeaderElector
 from torchfleet_operator.metrics import JobKey
 from torchfleet_operator.observed import Observed, ObservedNode, ObservedPod
@@ -87,6 +89,7 @@ class Controller:
         default_image: str,
         default_shm_size: str | None = None,
         leader: LeaderElector | None = None,
+        namespaces: Sequence[str] = (),
     ) -> None:
         self.config = config
         # Without an elector this replica leads from the start (one replica).
@@ -96,6 +99,10 @@ class Controller:
         self.default_image = default_image
         self.default_shm_size = default_shm_size
         self.caches = Caches()
+        # Its list calls are not the reconciler's: not in api_requests_total.
+        uncounted = RawApi(executor.raw.api, counted=False)
+        self.pod_informer = PodInformer(uncounted, namespaces, self.pod_changed)
+        self.caches.pods = self.pod_informer.index
         self.queue: WorkQueue[JobKey] = WorkQueue()
         self.phases = metrics.PhaseTracker()
         self.goodput = metrics.GoodputTracker()
@@ -132,6 +139,7 @@ class Controller:
     def start(self) -> None:
         """Workers start at once but pass nothing until this replica leads; kopf's
         caches fill either way, so a standby that takes over starts warm."""
+        self.pod_informer.start()
         for number in range(self.config.workers):
             self._tasks.append(asyncio.create_task(self._work(), name=f"reconciler-{number}"))
         if self.leader is None:
@@ -154,6 +162,7 @@ class Controller:
             )
 
     async def stop(self) -> None:
+        self.pod_informer.stop()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -173,6 +182,9 @@ class Controller:
 
     async def _work(self) -> None:
         await self.leading.wait()
+        # As client-go's WaitForCacheSync: a pass before the pods are listed
+        # would see none and create them again.
+        await self.pod_informer.synced.wait()
         while True:
             key = await self.queue.get()
             metrics.QUEUE_DEPTH.set(len(self.queue))

@@ -3,7 +3,9 @@
 Every handler is ``async`` and does O(1) work on the event loop: index a
 compact summary, or put a job key on the work queue. (A sync handler would
 cost a thread hop per event; with 9,000 pods that dominates.) The reconcile itself
-(``controller.py``) runs its blocking API calls in worker threads.
+(``controller.py``) runs its blocking API calls in worker threads. Pods, the
+bulk of all events, skip kopf: the controller's own informer (``informer.py``)
+keeps them.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from torchfleet_operator.api.constants import GROUP, PLURAL, VERSION
 from torchfleet_operator.build.labels import JOB_NAME_LABEL
 from torchfleet_operator.controller import Controller
 from torchfleet_operator.metrics import JobKey
-from torchfleet_operator.observed import ObservedNode, ObservedPod
+from torchfleet_operator.observed import ObservedNode
 from torchfleet_operator.policy.admission import Flavor, ObservedWorkload
 from torchfleet_operator.status.podgroup import ObservedPodGroup
 
@@ -64,14 +66,14 @@ async def start(
     # otherwise post one per handler log line.
     settings.posting.enabled = False
     # Server-side filtering: only the children of TrainingJobs reach this process.
-    for plural in ("pods", "services", "persistentvolumeclaims", "podgroups"):
+    for plural in ("services", "persistentvolumeclaims", "podgroups"):
         settings.watching.label_selectors[plural] = JOB_NAME_LABEL
     settings.watching.server_timeout = 300
     settings.persistence.diffbase_storage = NoDiffBase()
     controller = _controller(memo)
     caches = controller.caches
     # kopf passes each index as a kwarg named after its function.
-    caches.jobs, caches.pods = indices["tf_jobs"], indices["tf_pods"]
+    caches.jobs = indices["tf_jobs"]
     caches.nodes, caches.services = indices["tf_nodes"], indices["tf_services"]
     caches.claims = indices["tf_claims"]
     caches.workloads, caches.flavors = indices["tf_workloads"], indices["tf_flavors"]
@@ -97,20 +99,6 @@ async def queue_depth(memo: Any, **_: Any) -> int:
 async def tf_jobs(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     # A plain dict: kopf's Body is a live view; the planner wants a value.
     return {(namespace, name): {key: body[key] for key in body}}
-
-
-@kopf.index("pods", labels=CHILD)
-async def tf_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> Any:
-    pod = ObservedPod.from_manifest(dict(body))
-    return {(namespace, labels[JOB_NAME_LABEL]): pod} if pod else None
-
-
-@kopf.index("pods", labels=CHILD)
-async def tf_pods_by_node(
-    namespace: str | None, labels: kopf.Labels, spec: kopf.Spec, **_: Any
-) -> Any:
-    node = spec.get("nodeName")
-    return {node: (namespace, labels[JOB_NAME_LABEL])} if node else None
 
 
 @kopf.index("nodes")
@@ -210,16 +198,12 @@ async def job_changed(
         controller.enqueue(_key(namespace, name))
 
 
-@kopf.on.event("pods", labels=CHILD)
-async def pod_changed(namespace: str | None, labels: kopf.Labels, memo: Any, **_: Any) -> None:
-    _controller(memo).pod_changed(_key(namespace, labels[JOB_NAME_LABEL]))
-
-
 @kopf.on.event("nodes")
-async def node_changed(name: str, memo: Any, **indices: Any) -> None:
+async def node_changed(name: str, memo: Any, **_: Any) -> None:
     # Only jobs with a pod on this node care (a NotReady node loses their pods).
-    for key in set(indices["tf_pods_by_node"].get(name, ())):
-        _controller(memo).enqueue(key)
+    controller = _controller(memo)
+    for key in controller.pod_informer.index.jobs_on_node(name):
+        controller.enqueue(key)
 
 
 @kopf.on.event("services", labels=CHILD)

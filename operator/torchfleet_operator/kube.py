@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
 
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
@@ -133,6 +135,41 @@ class RawApi:
         if not 200 <= response.status <= 299:
             raise ApiException.from_response(http_resp=response, body=None, data=None)
         return json.loads(response.data) if response.data else None
+
+    def stream(
+        self, path: str, query: dict[str, Any], stop: threading.Event, read_timeout: float = 360
+    ) -> Iterator[list[bytes]]:
+        """A watch: yields the complete JSON lines of each chunk as it arrives,
+        until the apiserver ends the stream or ``stop`` is set. Not counted: one
+        long request, not a call per event."""
+        _, url, headers, _, _ = self.api.param_serialize(
+            "GET",
+            f"{path}?{urlencode(query)}",
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        response = self.api.rest_client.pool_manager.request(
+            "GET",
+            url,
+            headers=headers,
+            preload_content=False,
+            timeout=urllib3.Timeout(connect=10, read=read_timeout),
+        )
+        try:
+            if not 200 <= response.status <= 299:
+                response.read()
+                raise ApiException(status=response.status, reason=response.reason)
+            pending = b""
+            for chunk in response.stream(256 * 1024):
+                if stop.is_set():
+                    return
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                complete = [line for line in lines if line.strip()]
+                if complete:
+                    yield complete
+        finally:
+            response.release_conn()
 
 
 class Executor:

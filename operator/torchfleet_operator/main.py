@@ -146,6 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.trainer_image,
         args.default_shm_size,
         leader,
+        namespaces=args.namespace,
     )
     if args.metrics_port:
         metrics.serve(args.metrics_port, args.health_address)

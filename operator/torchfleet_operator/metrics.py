@@ -49,6 +49,12 @@ API_REQUESTS = Counter(
     "Kubernetes API calls made by the reconciler (kopf's own watches not included)",
     ["verb"],
 )
+WATCH_RESTARTS = Counter(
+    "torchfleet_operator_watch_restarts_total",
+    "The operator's own watches started over: after an error (resumed from the last "
+    "version seen, with back-off) or expired (410 Gone: listed again)",
+    ["resource", "reason"],
+)
 QUEUE_DEPTH = Gauge("torchfleet_operator_workqueue_depth", "Job keys waiting for a worker")
 PROGRESS_SCRAPE_ERRORS = Counter(
     "torchfleet_operator_progress_scrape_errors_total",

@@ -1,0 +1,107 @@
+"""The operator's own pod informer against the real API server: paged list,
+watch, and the relist after 410 Gone (a version older than the apiserver keeps)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from torchfleet_operator import informer as informer_module
+from torchfleet_operator import metrics
+from torchfleet_operator.build.labels import (
+    JOB_NAME_LABEL,
+    NODE_RANK_LABEL,
+    RESTART_LABEL,
+    ROLE_LABEL,
+)
+from torchfleet_operator.informer import PodInformer
+from torchfleet_operator.kube import RawApi
+
+
+def job_pod(name: str, job: str, rank: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": {
+                JOB_NAME_LABEL: job,
+                ROLE_LABEL: "master" if rank == 0 else "worker",
+                NODE_RANK_LABEL: str(rank),
+                RESTART_LABEL: "0",
+            },
+        },
+        # Nowhere to run: the pod stays Pending, which is all this test needs.
+        "spec": {
+            "nodeSelector": {"torchfleet.dev/no-such-node": "true"},
+            "containers": [{"name": "trainer", "image": "busybox"}],
+        },
+    }
+
+
+async def until(what: str, check: Callable[[], bool], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not seen in {timeout:.0f}s")
+        await asyncio.sleep(0.05)
+
+
+def names(informer: PodInformer, key: tuple[str, str]) -> set[str]:
+    return {p.name for p in informer.index.get(key) or ()}
+
+
+def test_paged_list_then_watch_keep_the_index_and_wake_each_job(cluster, namespace, monkeypatch):
+    raw = RawApi(cluster.api_client(), counted=False)
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    for rank in range(5):  # listed two per page: three pages
+        raw.request("POST", pods, job_pod(f"llm-{rank}", "llm", rank))
+    monkeypatch.setattr(informer_module, "LIST_PAGE", 2)
+    woken: list[tuple[str, str]] = []
+
+    async def scenario() -> None:
+        informer = PodInformer(raw, [namespace], woken.append)
+        informer.start()
+        try:
+            await asyncio.wait_for(informer.synced.wait(), 30)
+            assert names(informer, (namespace, "llm")) == {f"llm-{r}" for r in range(5)}
+            raw.request("POST", pods, job_pod("other-0", "other", 0))
+            raw.request("DELETE", f"{pods}/llm-4", query={"gracePeriodSeconds": 0})
+            await until("the new job's pod", lambda: (namespace, "other") in informer.index)
+            await until(
+                "the deleted pod gone", lambda: "llm-4" not in names(informer, (namespace, "llm"))
+            )
+        finally:
+            informer.stop()
+
+    asyncio.run(scenario())
+    assert (namespace, "other") in woken and (namespace, "llm") in woken
+
+
+def test_a_watch_from_a_version_the_apiserver_no_longer_keeps_relists(cluster, namespace):
+    """410 Gone ends the watch with None (relist), and the relist drops what was
+    deleted while nobody watched."""
+    raw = RawApi(cluster.api_client(), counted=False)
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    for rank in range(2):
+        raw.request("POST", pods, job_pod(f"llm-{rank}", "llm", rank))
+    expired = metrics.WATCH_RESTARTS.labels(resource="pods", reason="expired")
+
+    async def scenario() -> None:
+        informer = PodInformer(raw, [namespace], lambda _key: None)
+        informer._loop = asyncio.get_running_loop()
+        ((_, in_scope),) = informer_module.scopes([namespace])
+        await asyncio.to_thread(informer._list, pods, in_scope)
+        await until("the listed pods", lambda: len(names(informer, (namespace, "llm"))) == 2)
+        raw.request("DELETE", f"{pods}/llm-1", query={"gracePeriodSeconds": 0})
+        before = expired._value.get()
+        # Version 1 predates the apiserver's watch cache: it answers 410.
+        assert await asyncio.to_thread(informer._watch, pods, "1", in_scope) is None
+        assert expired._value.get() == before + 1
+        await asyncio.to_thread(informer._list, pods, in_scope)
+        await until("the relisted index", lambda: names(informer, (namespace, "llm")) == {"llm-0"})
+        informer.stop()
+
+    asyncio.run(scenario())
