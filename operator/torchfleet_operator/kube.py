@@ -20,10 +20,11 @@ import json
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 from urllib.parse import urlencode
 
@@ -33,7 +34,7 @@ from kubernetes.client.exceptions import ApiException
 
 from torchfleet_operator import metrics
 from torchfleet_operator.api.constants import API_VERSION, GROUP, KIND, PLURAL, VERSION
-from torchfleet_operator.build.labels import NODE_RANK_LABEL, ROLE_LABEL
+from torchfleet_operator.build.labels import NODE_RANK_LABEL
 from torchfleet_operator.reconcile import ChildRef, EventSpec, Plan, WorkloadPatch
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,13 @@ def api_message(exc: ApiException) -> str:
     except (TypeError, ValueError):
         body = {}
     return str(body.get("message") or exc.reason or exc)
+
+
+def _refused_together(refused: ApiFailure, pods: list[dict[str, Any]]) -> list[ApiFailure]:
+    """One pod of a gang refused: the others it stopped share its refusal (and
+    its back-off), in its words."""
+    others = [p["metadata"]["name"] for p in pods if p["metadata"]["name"] != refused.name]
+    return [replace(refused, name=name) for name in others]
 
 
 def _controller_uid(manifest: dict[str, Any]) -> str | None:
@@ -178,33 +186,47 @@ class Executor:
     def __init__(self, api: client.ApiClient, concurrency: int) -> None:
         self.raw = RawApi(api)
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="kube")
+        # Events have their own two threads: best effort, they never hold a create.
+        self._events = ThreadPoolExecutor(max_workers=2, thread_name_prefix="events")
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._events.shutdown(wait=False, cancel_futures=True)
 
     def execute(self, namespace: str, job: dict[str, Any], plan: Plan) -> ExecutionResult:
-        """Deletes, then creates (in parallel), then queues the events; the status is separate."""
+        """Deletes, then creates, then queues the events; the status is separate.
+
+        Creation order: Services, claims and PodGroups (pods refer to them),
+        together with the plan's dry runs; then a new gang's master alone (slow
+        start, as the Job controller's: a refused first pod stops the rest);
+        then every other pod at once.
+        """
         result = ExecutionResult()
-        deleted = self._fan_out(self._delete_pod, namespace, plan.delete)
+        deleted = self._fan_out([partial(self._delete_pod, namespace, ref) for ref in plan.delete])
         result.deleted = deleted.count(None)
         result.failures.extend(f for f in deleted if f is not None)
-        # Services and claims first: pods refer to them.
         first = [m for m in plan.create if m["kind"] != "Pod"]
         pods = [m for m in plan.create if m["kind"] == "Pod"]
-        for batch in (first, pods):
-            if result.failures and batch is pods:
-                break  # a refused service, claim or PodGroup: no pods without them
-            if batch is pods and (refused := self._dry_run_new_gang(namespace, pods)):
-                result.failures.extend(refused)  # an invalid pod: no pod of the gang
+        checked = self._fan_out(
+            [partial(self._create, namespace, m) for m in first]
+            + [partial(self._dry_run, namespace, m) for m in plan.dry_run]
+        )
+        self._count(result, first, checked[: len(first)])
+        refused = next((f for f in checked[len(first) :] if f is not None), None)
+        if result.failures:
+            pods = []  # a refused service, claim or PodGroup: no pods without them
+        elif refused is not None:  # an invalid pod: no pod of the gang
+            result.failures += [refused, *_refused_together(refused, pods)]
+            pods = []
+        master = [m for m in pods if m["metadata"]["labels"].get(NODE_RANK_LABEL) == "0"]
+        rest = [m for m in pods if m["metadata"]["labels"].get(NODE_RANK_LABEL) != "0"]
+        for batch in (master, rest):
+            created = self._fan_out([partial(self._create, namespace, m) for m in batch])
+            self._count(result, batch, created)
+            failed = next((f for f in created if f is not None), None)
+            if batch is master and failed is not None:
+                result.failures += _refused_together(failed, rest)
                 break
-            created = self._fan_out(self._create, namespace, batch)
-            result.created += created.count(None)
-            result.failures.extend(f for f in created if f is not None)
-            result.created_pods += [
-                m["metadata"]["name"]
-                for m, f in zip(batch, created, strict=True)
-                if f is None and m["kind"] == "Pod"
-            ]
         for patch in plan.workload_patches:
             failure = self._patch_workload(namespace, patch)
             if failure:
@@ -213,7 +235,7 @@ class Executor:
         # status is the record, and waiting for them held every pass one round trip.
         now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         for event in plan.events:
-            self._pool.submit(self._post_event, namespace, job, event, now)
+            self._events.submit(self._post_event, namespace, job, event, now)
         if plan.delete_job:
             failure = self._delete_job(namespace, job["metadata"]["name"])
             result.job_deleted = failure is None
@@ -221,16 +243,22 @@ class Executor:
                 result.failures.append(failure)
         return result
 
-    def _fan_out(
-        self,
-        call: Callable[[str, Any], ApiFailure | None],
-        namespace: str,
-        items: Iterable[Any],
-    ) -> list[ApiFailure | None]:
-        items = list(items)
-        if len(items) <= 1:
-            return [call(namespace, item) for item in items]
-        return list(self._pool.map(lambda item: call(namespace, item), items))
+    @staticmethod
+    def _count(
+        result: ExecutionResult, batch: list[dict[str, Any]], outcomes: list[ApiFailure | None]
+    ) -> None:
+        for manifest, failure in zip(batch, outcomes, strict=False):
+            if failure is not None:
+                result.failures.append(failure)
+                continue
+            result.created += 1
+            if manifest["kind"] == "Pod":
+                result.created_pods.append(manifest["metadata"]["name"])
+
+    def _fan_out(self, calls: Sequence[Callable[[], ApiFailure | None]]) -> list[ApiFailure | None]:
+        if len(calls) <= 1:
+            return [call() for call in calls]
+        return list(self._pool.map(lambda call: call(), calls))
 
     def _create(self, namespace: str, manifest: dict[str, Any]) -> ApiFailure | None:
         kind, name = manifest["kind"], manifest["metadata"]["name"]
@@ -276,20 +304,6 @@ class Executor:
             f'{kind} "{name}" already exists and is not this TrainingJob\'s ({holder}); '
             f"rename the job or delete that {kind}",
         )
-
-    def _dry_run_new_gang(self, namespace: str, pods: list[dict[str, Any]]) -> list[ApiFailure]:
-        """A new gang (its master among the pods) is first dry-run server-side, one
-        pod per role: the API server checks what the CRD's schema cannot (a mount
-        naming no volume) before any pod exists. One refused: all are, in its words."""
-        roles = {p["metadata"]["labels"].get(ROLE_LABEL): p for p in reversed(pods)}
-        if not any(p["metadata"]["labels"].get(NODE_RANK_LABEL) == "0" for p in pods):
-            return []
-        checked = self._fan_out(self._dry_run, namespace, list(roles.values()))
-        refused = next((f for f in checked if f is not None), None)
-        if refused is None:
-            return []
-        others = [p["metadata"]["name"] for p in pods if p["metadata"]["name"] != refused.name]
-        return [refused, *(replace(refused, name=name) for name in others)]
 
     def _dry_run(self, namespace: str, manifest: dict[str, Any]) -> ApiFailure | None:
         path = collection_path(manifest["apiVersion"], manifest["kind"], namespace)

@@ -95,6 +95,9 @@ class WorkloadPatch:
 @dataclass
 class Plan:
     create: list[dict[str, Any]] = field(default_factory=list)
+    # Pods the API server checks (server-side dry run) before any pod of a new
+    # gang is created: what the CRD schema cannot (a mount naming no volume).
+    dry_run: list[dict[str, Any]] = field(default_factory=list)
     delete: list[ChildRef] = field(default_factory=list)
     status: dict[str, Any] = field(default_factory=dict)
     events: list[EventSpec] = field(default_factory=list)
@@ -908,6 +911,25 @@ def _create_missing(
         for m in plan_create
         if m["metadata"]["name"] not in observed.held and not (blocked and m["kind"] == "Pod")
     ]
+    to_create = [m for m in step.plan.create if m["kind"] == "Pod"]
+    step.plan.dry_run = _dry_run_for_new_gang(step.name, spec, to_create)
+
+
+def _dry_run_for_new_gang(
+    job: str, spec: TrainingJobSpec, pods: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """What a new gang (its master among ``pods``) has checked before any pod exists.
+
+    The executor creates a new gang's master alone first: the API server's
+    verdict on it is the check for its role, and a refusal creates nothing else.
+    A worker is dry-run first only when its template is not the master's (the
+    rest of a pod is the operator's own, the same for both roles), so the usual
+    gang, one template for both, costs no extra request and no extra round trip.
+    """
+    new_gang = bool(pods) and pods[0]["metadata"]["name"] == pod_name_for_rank(job, 0)
+    if not new_gang or len(pods) < 2 or spec.worker.template == spec.master.template:
+        return []
+    return [pods[1]]
 
 
 def _phase_from_gang(step: _Pass, gang: list[ObservedPod], nodes: int) -> None:

@@ -1,7 +1,8 @@
 """What the CRD's PodSpec schema cannot check, the API server's validation of the
-pods does: the operator dry-runs a new gang's first pod of each role server-side,
-so an invalid template creates no pod at all, not a master without workers, and
-the job fails (InvalidSpec) in the API server's words instead of retrying."""
+pods does. A new gang's master is created alone first, and a worker template of
+its own is dry-run server-side before that, so an invalid template creates no
+pod at all, not a master without workers, and the job fails (InvalidSpec) in
+the API server's words instead of retrying."""
 
 from __future__ import annotations
 
@@ -44,6 +45,29 @@ def test_an_invalid_worker_template_creates_no_pod_and_fails_the_job_saying_why(
     assert re.search(r"volumeMounts\[\d+\]\.name", condition["message"]), condition
     # Nothing was created: the master was valid, but not its gang.
     assert job_driver.pods(namespace, "bad-mount") == []
+
+
+def test_an_invalid_template_of_both_roles_is_refused_at_the_master_and_creates_nothing(
+    shared_operator, job_driver, namespace
+):
+    body = spec(workers=2)
+    body["master"] = {"template": MOUNTS_A_MISSING_VOLUME}
+    body["worker"]["template"] = MOUNTS_A_MISSING_VOLUME
+    refusals = {"verb": "create", "resource": "Pod", "code": "422"}
+    before = shared_operator.metric("torchfleet_operator_api_errors_total", **refusals)
+    job_driver.create(namespace, "bad-both", body)
+
+    def failed() -> dict | None:
+        status = job_driver.status(namespace, "bad-both")
+        found = next((c for c in status.get("conditions", []) if c["type"] == "Failed"), None)
+        return found if status.get("phase") == "Failed" else None
+
+    condition = job_driver.wait_for("the job Failed as an invalid spec", failed)
+    assert condition["reason"] == "InvalidSpec", condition
+    assert 'Pod bad-both-master-0: Pod "bad-both-master-0"' in condition["message"]
+    # Slow start: the workers were never sent once their master was refused.
+    assert job_driver.pods(namespace, "bad-both") == []
+    assert shared_operator.metric("torchfleet_operator_api_errors_total", **refusals) == before + 1
 
 
 def test_a_valid_gang_is_created_after_its_dry_run(shared_operator, job_driver, namespace):

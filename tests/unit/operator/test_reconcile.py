@@ -30,6 +30,37 @@ def test_new_job_creates_service_then_one_pod_per_rank():
     assert p.status["nodesReady"] == "0/3"
 
 
+MOUNT = {
+    "spec": {
+        "containers": [{"name": "trainer", "volumeMounts": [{"name": "x", "mountPath": "/x"}]}]
+    }
+}
+
+
+@pytest.mark.parametrize(
+    ("spec", "seen", "dry_run"),
+    [
+        # One template for both roles: the master's own create is the check.
+        ({}, observed(), []),
+        (
+            {"master": {"template": MOUNT}, "worker": {"replicas": 2, "template": MOUNT}},
+            observed(),
+            [],
+        ),
+        # The worker's own template: its first pod is dry-run before any pod exists.
+        ({"worker": {"replicas": 2, "template": MOUNT}}, observed(), ["llm-worker-0"]),
+        # Not a new gang (its master exists): nothing to check first.
+        ({"worker": {"replicas": 2, "template": MOUNT}}, observed(pod("llm", 0)), []),
+    ],
+)
+def test_a_new_gang_dry_runs_a_worker_only_when_its_template_is_not_the_masters(
+    spec, seen, dry_run
+):
+    p = plan(job(**spec), seen, at(0), CONFIG, status={})
+    assert [m["metadata"]["name"] for m in p.dry_run] == dry_run
+    assert all(m in p.create for m in p.dry_run)  # checked, then created as planned
+
+
 def test_reconciling_a_running_gang_again_changes_nothing():
     status = plan(job(), observed(*gang()), at(5), CONFIG, status={}).status
     again = plan(job(), observed(*gang()), at(6), CONFIG, status=status)
