@@ -28,7 +28,6 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from torchfleet_trainer.config import ConfigError, TrainConfig, largest_world, pod_contract
 from torchfleet_trainer.contract import PodContract, rendezvous_configs
-from torchfleet_trainer.train import TrainingDiverged, run_worker
 
 EXIT_CONFIG = 2
 # 128 + SIGTERM, as a shell reports a terminated process: the gang was
@@ -199,6 +198,10 @@ def _shell_code(code: int) -> int:
 
 def train(config: TrainConfig) -> int:
     """Trains in this process; the exit code its outcome calls for."""
+    # Deferred: a launcher whose workers train never needs the training stack
+    # (seconds of imports, paid again by every elastic agent before it joins).
+    from torchfleet_trainer.train import TrainingDiverged, run_worker
+
     try:
         return exit_code(run_worker(config).status)
     except TrainingDiverged as err:
