@@ -4,16 +4,24 @@ The per-rank micro batch is fixed (training.microBatchSize, else what
 gradAccumSteps gives at maxNodes) and gradient accumulation absorbs the
 data-parallel degree. A layout that cannot keep the global batch exact at
 every node count from minNodes to maxNodes is refused at launch, before any
-process group or device, with the field named.
+process group or device, with the field named. The agent's launch config is
+torchrun's, read from the contract's PET_* variables.
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
 from torchfleet_trainer import contract
 from torchfleet_trainer.config import ConfigError, TrainConfig, load_config, pod_contract
-from torchfleet_trainer.launch import EXIT_CONFIG, launch
+from torchfleet_trainer.launch import (
+    ELASTIC_RDZV_DEFAULTS,
+    EXIT_CONFIG,
+    elastic_launch_config,
+    launch,
+)
 
 
 def config(*overrides: str) -> TrainConfig:
@@ -147,3 +155,17 @@ def test_bad_elastic_env_is_a_config_error_naming_the_variable(
         pod_contract(elastic_env(PET_NNODES="two:four"))
     assert launch(config(), env=elastic_env(PET_MAX_RESTARTS="x")) == EXIT_CONFIG
     assert "PET_MAX_RESTARTS must be an integer" in capsys.readouterr().err
+
+
+def test_elastic_launch_is_torchruns_from_the_contract(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "0")  # a user's value wins
+    pod = pod_contract(elastic_env(PET_RDZV_CONF="last_call_timeout=1,is_host=0"))
+    launched = elastic_launch_config(pod, processes=2)
+    assert (launched.min_nodes, launched.max_nodes, launched.nproc_per_node) == (2, 4, 2)
+    assert (launched.rdzv_backend, launched.rdzv_endpoint) == ("c10d", "127.0.0.1:1")
+    assert (launched.run_id, launched.max_restarts) == ("unit", 1)
+    # PET_RDZV_CONF over the launcher's defaults, key by key.
+    configs = launched.rdzv_configs
+    assert (configs["last_call_timeout"], configs["is_host"]) == ("1", "0")
+    assert configs["keep_alive_interval"] == ELASTIC_RDZV_DEFAULTS["keep_alive_interval"]
+    assert os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "0"
