@@ -76,6 +76,18 @@ class TrainerProcess:
             if predicate(event):
                 return event
 
+    def drain(self) -> None:
+        """Moves the events read so far into ``events``, without waiting."""
+        while True:
+            try:
+                event = self._queue.get_nowait()
+            except Empty:
+                return
+            if event is None:
+                self._queue.put(None)  # finish() still waits for the end
+                return
+            self.events.append(event)
+
     def finish(self, timeout: float) -> int:
         """Waits for exit, collecting the remaining events; kills the session on timeout."""
         try:

@@ -14,6 +14,7 @@ Checks that need the world size (parallel degrees) live in
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -202,7 +203,21 @@ class TrainingConfig(_Section):
         "gradient-accumulation micro-steps.",
     )
     grad_accum_steps: int = Field(
-        1, ge=1, description="Micro-steps accumulated per optimizer step."
+        1,
+        ge=1,
+        description="Micro-steps accumulated per optimizer step. In an elastic job, the "
+        "count at its largest size (maxNodes); it adapts to the nodes present so that the "
+        "global batch stays the same.",
+    )
+    micro_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Sequences each data-parallel rank runs per micro-step (TorchTitan's "
+        "local batch size). When set, gradient accumulation is derived for the world size "
+        "as globalBatchSize / (data-parallel degree x microBatchSize), and gradAccumSteps "
+        "must be left at 1. Elastic jobs always keep the micro batch fixed (by default the "
+        "one gradAccumSteps gives at maxNodes), so it must divide the global batch evenly "
+        "at every node count they may run at.",
     )
     seed: int = Field(1337, ge=0, description="Seed for initialisation, data and dropout.")
     device: Literal["auto", "cpu", "cuda"] = Field(
@@ -238,6 +253,11 @@ class TrainingConfig(_Section):
 
     @model_validator(mode="after")
     def _check_batch(self) -> Self:
+        if self.micro_batch_size is not None and self.grad_accum_steps != 1:
+            raise ValueError(
+                "training.microBatchSize: set either microBatchSize or gradAccumSteps, not "
+                "both (with microBatchSize the accumulation follows from the world size)"
+            )
         if self.global_batch_size % self.grad_accum_steps:
             raise ValueError(
                 f"training.globalBatchSize: {self.global_batch_size} is not divisible by "
@@ -454,23 +474,35 @@ class TrainConfig(_Section):
             )
         return self
 
-    def check_world(self, world_size: int) -> ResolvedDegrees:
-        """Launch-time checks that need the world size; raises ConfigError."""
+    def check_world(self, world_size: int, largest_world: int | None = None) -> ResolvedDegrees:
+        """Launch-time checks that need the world size; raises ConfigError.
+
+        ``largest_world``: for an elastic job, the world size at maxNodes, which
+        fixes the per-rank micro batch (see :meth:`micro_batch_size`)."""
         degrees = self.parallel.resolve(world_size)
+        anchor = self.parallel.resolve(largest_world) if largest_world else degrees
         per_step = self.training.global_batch_size
-        micro = degrees.dp * self.training.grad_accum_steps
-        if per_step % micro:
+        accum = self.training.grad_accum_steps
+        if self.training.micro_batch_size is None and per_step % (anchor.dp * accum):
+            at_max = " at maxNodes" if largest_world else ""
             raise ConfigError(
                 f"training.globalBatchSize: {per_step} is not divisible by data-parallel "
-                f"degree {degrees.dp} x gradAccumSteps {self.training.grad_accum_steps}"
+                f"degree {anchor.dp}{at_max} x gradAccumSteps {accum}"
+            )
+        micro = self.micro_batch_size(anchor)
+        if per_step % (degrees.dp * micro):
+            raise ConfigError(
+                f"training.globalBatchSize: {per_step} is not divisible by data-parallel "
+                f"degree {degrees.dp} x micro batch {micro} (training.microBatchSize, or "
+                "globalBatchSize / (data-parallel degree at maxNodes x gradAccumSteps)): the "
+                "global batch would change with the world size"
             )
         if degrees.pp > 1:
-            local = per_step // micro
             n_micro = self.pipeline_microbatches(degrees)
-            if local % n_micro:
+            if micro % n_micro:
                 raise ConfigError(
                     f"parallel.pipelineMicrobatches: {n_micro} does not divide the per-rank "
-                    f"micro-batch of {local} sequences"
+                    f"micro-batch of {micro} sequences"
                 )
         if degrees.tp > 1 and self.parallel.sequence_parallel and self.data.seq_len % degrees.tp:
             raise ConfigError(
@@ -478,6 +510,55 @@ class TrainConfig(_Section):
                 f"{degrees.tp}, which sequence parallelism needs"
             )
         return degrees
+
+    def check_elastic(self, node_counts: range, processes_per_node: int) -> None:
+        """An elastic job must train at every node count it may run at, with the same
+        global batch; refused up front (before any process group) with the field.
+        Data parallelism is the degree that follows the world size."""
+        if len(node_counts) > 1 and self.parallel.data_parallel_shard != -1:
+            raise ConfigError(
+                f"parallel.dataParallelShard: {self.parallel.data_parallel_shard} is fixed, but "
+                "an elastic job's data-parallel degree follows the nodes present; leave it at -1"
+            )
+        largest = node_counts[-1] * processes_per_node
+        # The largest first: it fixes the micro batch, so its own errors name it.
+        for nodes in [node_counts[-1], *node_counts[:-1]]:
+            try:
+                self.check_world(nodes * processes_per_node, largest_world=largest)
+            except ConfigError as err:
+                hint = self._batch_hint(node_counts, processes_per_node)
+                raise ConfigError(
+                    f"{err} (an elastic job must keep training at every size from "
+                    f"{node_counts[0]} to {node_counts[-1]} nodes; this fails at {nodes} "
+                    f"nodes x {processes_per_node} processes{hint})"
+                ) from None
+
+    def _batch_hint(self, node_counts: range, processes_per_node: int) -> str:
+        """What micro batch would work at every size, when the degrees allow one."""
+        try:
+            dps = [self.parallel.resolve(n * processes_per_node).dp for n in node_counts]
+        except ConfigError:
+            return ""
+        common = math.lcm(*dps)
+        per_step = self.training.global_batch_size
+        if per_step % common:
+            return f"; globalBatchSize must be a multiple of {common}"
+        return f"; a training.microBatchSize that divides {per_step // common} keeps it exact"
+
+    def micro_batch_size(self, anchor: ResolvedDegrees) -> int:
+        """Sequences one data-parallel rank runs per micro-step: training.microBatchSize,
+        else what gradAccumSteps gives at ``anchor`` (the world this job runs at, or an
+        elastic job's largest)."""
+        explicit = self.training.micro_batch_size
+        if explicit is not None:
+            return explicit
+        return self.training.global_batch_size // (anchor.dp * self.training.grad_accum_steps)
+
+    def grad_accum_steps(self, degrees: ResolvedDegrees, largest_world: int | None = None) -> int:
+        """Micro-steps per optimizer step at ``degrees``: the global batch over the
+        data-parallel degree and the fixed micro batch (exact after check_world)."""
+        anchor = self.parallel.resolve(largest_world) if largest_world else degrees
+        return self.training.global_batch_size // (degrees.dp * self.micro_batch_size(anchor))
 
     def pipeline_microbatches(self, degrees: ResolvedDegrees) -> int:
         explicit = self.parallel.pipeline_microbatches
@@ -575,6 +656,12 @@ def pod_contract(env: Mapping[str, str] | None = None) -> contract.PodContract:
         return contract.PodContract.from_env(env)
     except contract.ContractError as err:
         raise ConfigError(str(err)) from None
+
+
+def largest_world(pod: contract.PodContract, processes_per_node: int) -> int | None:
+    """An elastic job's world size at maxNodes, which fixes its micro batch; None for a
+    fixed gang."""
+    return pod.elastic.max_nodes * processes_per_node if pod.elastic else None
 
 
 def resolve_checkpoint_dir(config: TrainConfig, pod: contract.PodContract) -> str | None:

@@ -30,8 +30,24 @@ PET_NODE_RANK = "PET_NODE_RANK"
 PET_MASTER_ADDR = "PET_MASTER_ADDR"
 PET_MASTER_PORT = "PET_MASTER_PORT"
 # torchrun's --rdzv-id: distinct per gang generation, so that a stale process
-# of an old gang cannot join the new one's rendezvous.
+# of an old gang cannot join the new one's rendezvous. In an elastic job it is
+# stable for the job instead: nodes that come and go join the same rendezvous.
 PET_RDZV_ID = "PET_RDZV_ID"
+# Elastic jobs (torchrun's own flags, so a plain ``torchrun script.py`` joins
+# elastically too): PET_RDZV_BACKEND=c10d makes the job elastic; PET_NNODES is
+# then "min:max"; PET_RDZV_ENDPOINT is host:port of the rendezvous store (the
+# master pod's stable name, whose agent hosts it); PET_MAX_RESTARTS is how many
+# times the agents restart their workers after a failure (membership changes
+# that add nodes do not count). PET_RDZV_CONF (optional, "key=value,...") tunes
+# the rendezvous's timeouts; PET_LOCAL_ADDR (optional) is the address other
+# nodes reach this one by, where the host name does not resolve.
+PET_RDZV_BACKEND = "PET_RDZV_BACKEND"
+PET_RDZV_ENDPOINT = "PET_RDZV_ENDPOINT"
+PET_MAX_RESTARTS = "PET_MAX_RESTARTS"
+PET_RDZV_CONF = "PET_RDZV_CONF"
+PET_LOCAL_ADDR = "PET_LOCAL_ADDR"
+ELASTIC_RDZV_BACKEND = "c10d"
+STATIC_RDZV_BACKEND = "static"
 
 # torch.distributed's env:// rendezvous and common launcher names.
 MASTER_ADDR = "MASTER_ADDR"
@@ -97,6 +113,69 @@ class ProcessRanks:
     rank: int
     world_size: int
     local_rank: int = 0
+    # Processes on this node: an elastic job's world is nodes x this.
+    local_world_size: int = 1
+
+
+@dataclass(frozen=True)
+class ElasticRendezvous:
+    """An elastic job's rendezvous: torchrun's c10d backend between min and max nodes.
+
+    Ranks come from the rendezvous, not from the pod: each round numbers the
+    nodes that joined it, so NODE_RANK and the per-process values are not set."""
+
+    min_nodes: int
+    max_nodes: int
+    endpoint: str  # host:port
+    run_id: str
+    max_restarts: int = 0
+    # torchrun's --rdzv-conf: "key=value,key=value"; empty for the launcher's defaults.
+    conf: str = ""
+    local_addr: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_nodes <= self.max_nodes:
+            raise ContractError(
+                f"{PET_NNODES} must be min:max with 1 <= min <= max, "
+                f"got {self.min_nodes}:{self.max_nodes}"
+            )
+        host, _, port = self.endpoint.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ContractError(f"{PET_RDZV_ENDPOINT} must be host:port, got {self.endpoint!r}")
+        if not self.run_id:
+            raise ContractError(f"{PET_RDZV_ID} must be set for an elastic job")
+        if self.max_restarts < 0:
+            raise ContractError(f"{PET_MAX_RESTARTS} must be >= 0, got {self.max_restarts}")
+        rendezvous_configs(self.conf)  # raises on a malformed value
+
+    @property
+    def node_counts(self) -> range:
+        return range(self.min_nodes, self.max_nodes + 1)
+
+    def to_env(self) -> dict[str, str]:
+        env = {
+            PET_NNODES: f"{self.min_nodes}:{self.max_nodes}",
+            PET_RDZV_BACKEND: ELASTIC_RDZV_BACKEND,
+            PET_RDZV_ENDPOINT: self.endpoint,
+            PET_RDZV_ID: self.run_id,
+            PET_MAX_RESTARTS: str(self.max_restarts),
+        }
+        if self.conf:
+            env[PET_RDZV_CONF] = self.conf
+        if self.local_addr:
+            env[PET_LOCAL_ADDR] = self.local_addr
+        return env
+
+
+def rendezvous_configs(conf: str) -> dict[str, str]:
+    """torchrun's --rdzv-conf ("key=value,key=value") as a dict; names the variable."""
+    configs = {}
+    for item in filter(None, (part.strip() for part in conf.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ContractError(f"{PET_RDZV_CONF} must be key=value,..., got {conf!r}")
+        configs[key.strip()] = value.strip()
+    return configs
 
 
 @dataclass(frozen=True)
@@ -119,6 +198,8 @@ class PodContract:
     train_config: str | None = None
     # Set by torchrun for each process it starts; None in a launcher's own env.
     process: ProcessRanks | None = None
+    # Set for an elastic job (PET_RDZV_BACKEND=c10d); None for a fixed gang.
+    elastic: ElasticRendezvous | None = None
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -155,8 +236,9 @@ class PodContract:
 
     @property
     def ranks(self) -> ProcessRanks | None:
-        """This process's ranks; with one process per pod the pod's own are known."""
-        if self.process is None and self.processes_per_node == 1:
+        """This process's ranks; with one process per pod of a fixed gang the pod's
+        own are known (an elastic job's come from each rendezvous round)."""
+        if self.process is None and self.processes_per_node == 1 and self.elastic is None:
             return ProcessRanks(rank=self.node_rank, world_size=self.nodes)
         return self.process
 
@@ -186,6 +268,8 @@ class PodContract:
             TRAIN_CONFIG: self.train_config,
         }
         env.update({name: str(value) for name, value in optional.items() if value})
+        if self.elastic is not None:
+            env.update(self.elastic.to_env())
         ranks = self.ranks
         if ranks is not None:
             # One process per pod: it is its own launcher, so the per-process
@@ -215,7 +299,44 @@ class PodContract:
             metrics_port=_int(env, METRICS_PORT, DEFAULT_METRICS_PORT),
             train_config=env.get(TRAIN_CONFIG) or None,
             process=_process_ranks(env),
+            elastic=_elastic(env),
         )
+
+
+def _elastic(env: Mapping[str, str]) -> ElasticRendezvous | None:
+    """The elastic rendezvous when PET_RDZV_BACKEND is c10d; None for a fixed gang."""
+    backend = env.get(PET_RDZV_BACKEND) or STATIC_RDZV_BACKEND
+    if backend not in (ELASTIC_RDZV_BACKEND, STATIC_RDZV_BACKEND):
+        raise ContractError(
+            f"{PET_RDZV_BACKEND} must be {ELASTIC_RDZV_BACKEND!r} (elastic) or "
+            f"{STATIC_RDZV_BACKEND!r}, got {backend!r}"
+        )
+    low, high = _node_range(env.get(PET_NNODES) or "1")
+    if backend == STATIC_RDZV_BACKEND:
+        if low != high:
+            raise ContractError(
+                f"{PET_RDZV_BACKEND} must be {ELASTIC_RDZV_BACKEND!r} when {PET_NNODES} is a "
+                f"range ({low}:{high})"
+            )
+        return None
+    return ElasticRendezvous(
+        min_nodes=low,
+        max_nodes=high,
+        endpoint=env.get(PET_RDZV_ENDPOINT, ""),
+        run_id=env.get(PET_RDZV_ID, ""),
+        max_restarts=_int(env, PET_MAX_RESTARTS, 0),
+        conf=env.get(PET_RDZV_CONF, ""),
+        local_addr=env.get(PET_LOCAL_ADDR) or None,
+    )
+
+
+def _node_range(raw: str) -> tuple[int, int]:
+    """torchrun's --nnodes: "n" or "min:max"."""
+    low, sep, high = raw.partition(":")
+    try:
+        return int(low), int(high if sep else low)
+    except ValueError:
+        raise ContractError(f"{PET_NNODES} must be n or min:max, got {raw!r}") from None
 
 
 def _process_ranks(env: Mapping[str, str]) -> ProcessRanks | None:
@@ -226,6 +347,7 @@ def _process_ranks(env: Mapping[str, str]) -> ProcessRanks | None:
         rank=_int(env, RANK, 0),
         world_size=_int(env, WORLD_SIZE, 1),
         local_rank=_int(env, LOCAL_RANK, 0),
+        local_world_size=_int(env, LOCAL_WORLD_SIZE, 1),
     )
 
 

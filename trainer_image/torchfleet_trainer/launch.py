@@ -5,6 +5,13 @@
 * N processes per pod: PyTorch's elastic launcher (the API behind torchrun)
   starts them with a static rendezvous at the master pod, forwards SIGTERM to
   them and reports failures.
+* An elastic job (``PET_RDZV_BACKEND=c10d``, even with one process per pod):
+  the elastic agent joins the c10d rendezvous between minNodes and maxNodes.
+  When a node is lost or one joins, every agent restarts its workers in a new
+  round; they resume from the last complete checkpoint at the new world size
+  (DCP reshards, the data position counts global batches, gradient
+  accumulation keeps the global batch). A failure uses up one of
+  ``PET_MAX_RESTARTS``; a node joining does not.
 """
 
 from __future__ import annotations
@@ -19,8 +26,8 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from torchfleet_trainer.config import ConfigError, TrainConfig, pod_contract
-from torchfleet_trainer.train import TrainingDiverged, run_worker
+from torchfleet_trainer.config import ConfigError, TrainConfig, largest_world, pod_contract
+from torchfleet_trainer.contract import PodContract, rendezvous_configs
 
 EXIT_CONFIG = 2
 # 128 + SIGTERM, as a shell reports a terminated process: the gang was
@@ -38,6 +45,21 @@ OUTCOME_GLOB = "rank-*.exit"
 # permanent failure under the operator's ExitCode policy.
 EXIT_DIVERGED = 3
 
+# The c10d rendezvous's timeouts (seconds) unless PET_RDZV_CONF sets them.
+# A lost node is declared dead after keep_alive_interval x keep_alive_max_attempt
+# without a heartbeat: the survivors cannot start the next round before that.
+# last_call is how long a round that has minNodes waits for more: survivors
+# re-join within a second or two of each other (they see the same failed
+# collective), while a replacement pod takes far longer to be scheduled and
+# start, and joins the round after through the agents' wait list anyway, so
+# torch's 30 s would only delay every resume.
+ELASTIC_RDZV_DEFAULTS = {
+    "join_timeout": "600",
+    "last_call_timeout": "5",
+    "keep_alive_interval": "2",
+    "keep_alive_max_attempt": "3",
+}
+
 
 def launch(
     config: TrainConfig,
@@ -47,16 +69,36 @@ def launch(
     try:
         pod = pod_contract(env)
         if pod.process is not None:
-            config.check_world(pod.process.world_size)
+            largest = largest_world(pod, pod.process.local_world_size)
+            config.check_world(pod.process.world_size, largest)
             return train(config)
         processes = processes_per_node or pod.processes_per_node
-        config.check_world(pod.nodes * processes)
+        if pod.elastic is not None:
+            config.check_elastic(pod.elastic.node_counts, processes)
+        else:
+            config.check_world(pod.nodes * processes)
     except ConfigError as err:
         print(f"torchfleet-train: {err}", file=sys.stderr)
         return EXIT_CONFIG
-    if pod.nodes * processes == 1:
+    if pod.elastic is None and pod.nodes * processes == 1:
         return train(config)
-    launch_config = LaunchConfig(
+    if pod.elastic is not None:
+        launch_config = elastic_launch_config(pod, processes)
+    else:
+        launch_config = static_launch_config(pod, processes)
+    if processes > 1:
+        # As torchrun does: N workers each running a thread per core would
+        # oversubscribe the node. The workers inherit this; a user's value wins.
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+    with tempfile.TemporaryDirectory(prefix="torchfleet-outcomes-") as outcomes:
+        config_json = config.model_dump_json(by_alias=True)
+        worker = ["-u", "-m", "torchfleet_trainer.worker", config_json, outcomes]
+        return run_children(launch_config, *worker, outcomes=Path(outcomes))
+
+
+def static_launch_config(pod: PodContract, processes: int) -> LaunchConfig:
+    """A fixed gang: every node at its NODE_RANK, no restarts."""
+    return LaunchConfig(
         min_nodes=pod.nodes,
         max_nodes=pod.nodes,
         nproc_per_node=processes,
@@ -68,14 +110,28 @@ def launch(
         max_restarts=0,
         start_method="spawn",
     )
-    if processes > 1:
-        # As torchrun does: N workers each running a thread per core would
-        # oversubscribe the node. The workers inherit this; a user's value wins.
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
-    with tempfile.TemporaryDirectory(prefix="torchfleet-outcomes-") as outcomes:
-        config_json = config.model_dump_json(by_alias=True)
-        worker = ["-u", "-m", "torchfleet_trainer.worker", config_json, outcomes]
-        return run_children(launch_config, *worker, outcomes=Path(outcomes))
+
+
+def elastic_launch_config(pod: PodContract, processes: int) -> LaunchConfig:
+    """torchrun's elastic launch from the contract's PET_* variables."""
+    elastic = pod.elastic
+    assert elastic is not None
+    # Each round's rank-0 agent then hands its workers a fresh store address.
+    # Sharing the agent's store keeps the first round's address in nodes whose
+    # rank stays non-zero, which is wrong once the rank-0 node has been lost.
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    return LaunchConfig(
+        min_nodes=elastic.min_nodes,
+        max_nodes=elastic.max_nodes,
+        nproc_per_node=processes,
+        run_id=elastic.run_id,
+        rdzv_backend="c10d",
+        rdzv_endpoint=elastic.endpoint,
+        rdzv_configs=ELASTIC_RDZV_DEFAULTS | rendezvous_configs(elastic.conf),
+        max_restarts=elastic.max_restarts,
+        start_method="spawn",
+        local_addr=elastic.local_addr,
+    )
 
 
 def run_children(launch_config: LaunchConfig, *args: str, outcomes: Path | None = None) -> int:
@@ -103,8 +159,9 @@ def preempted_exit_code(outcomes: Path | None, workers: int) -> int:
     return EXIT_PREEMPTED_UNSAVED
 
 
-def write_outcome(outcomes: Path, rank: int, code: int) -> None:
-    (outcomes / f"rank-{rank}.exit").write_text(str(code))
+def write_outcome(outcomes: Path, local_rank: int, code: int) -> None:
+    # By local rank: an elastic job's global ranks change from round to round.
+    (outcomes / f"rank-{local_rank}.exit").write_text(str(code))
 
 
 def _read_code(path: Path) -> int | None:
@@ -141,6 +198,10 @@ def _shell_code(code: int) -> int:
 
 def train(config: TrainConfig) -> int:
     """Trains in this process; the exit code its outcome calls for."""
+    # Deferred: a launcher whose workers train never needs the training stack
+    # (seconds of imports, paid again by every elastic agent before it joins).
+    from torchfleet_trainer.train import TrainingDiverged, run_worker
+
     try:
         return exit_code(run_worker(config).status)
     except TrainingDiverged as err:

@@ -20,7 +20,9 @@ from torch.distributed.tensor import DTensor
 from torchfleet_trainer import tensorboard
 from torchfleet_trainer.checkpoint import Checkpointer
 from torchfleet_trainer.config import (
+    ResolvedDegrees,
     TrainConfig,
+    largest_world,
     pod_contract,
     resolve_checkpoint_dir,
     resolve_metrics_port,
@@ -50,6 +52,8 @@ class Runtime:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    # Micro-steps per optimizer step at this world size (the global batch is fixed).
+    accum_steps: int = 1
 
     @property
     def is_logger(self) -> bool:
@@ -120,14 +124,27 @@ def uses_meta_init(config: TrainConfig, device: torch.device) -> bool:
 
 def build_runtime(config: TrainConfig, distributed: bool = True) -> Runtime:
     """Reads this process's place from torch.distributed (already initialised)."""
-    local_rank = pod_contract().local_rank
+    pod = pod_contract()
+    local_rank = pod.local_rank
     device = pick_device(config, local_rank)
     dtype = pick_dtype(config, device)
     if not distributed:
-        return Runtime(device, dtype, None)
-    degrees = config.check_world(dist.get_world_size())
+        alone = ResolvedDegrees(dp_replicate=1, dp_shard=1, tp=1, pp=1)
+        return Runtime(device, dtype, None, accum_steps=config.grad_accum_steps(alone))
+    # An elastic job's micro batch is the one of its largest world, whatever the
+    # world of this rendezvous round: accumulation absorbs the difference.
+    largest = largest_world(pod, pod.process.local_world_size) if pod.process else None
+    degrees = config.check_world(dist.get_world_size(), largest)
     dims = ParallelDims.build(degrees, device.type)
-    return Runtime(device, dtype, dims, dist.get_rank(), dist.get_world_size(), local_rank)
+    return Runtime(
+        device,
+        dtype,
+        dims,
+        dist.get_rank(),
+        dist.get_world_size(),
+        local_rank,
+        accum_steps=config.grad_accum_steps(degrees, largest),
+    )
 
 
 def make_optimizers(parts: list[nn.Module], config: TrainConfig) -> list[torch.optim.AdamW]:
@@ -313,6 +330,13 @@ class Trainer:
         self.stop.install()
         if self.metrics:
             self.metrics.total_steps.set(cfg.steps)
+        # An elastic job's world changes between restarts; the global batch does not.
+        self.log(
+            "world",
+            world_size=self.runtime.world_size,
+            data_parallel=self.dp_degree,
+            grad_accum_steps=self.runtime.accum_steps,
+        )
         start = self.resume()
         result = RunResult("completed", start, start)
         self.model.train()
@@ -385,20 +409,15 @@ class Trainer:
                 group["lr"] = lr
             opt.zero_grad(set_to_none=True)
         loss = torch.zeros((), device=self.runtime.device)
+        accum = self.runtime.accum_steps
         # This rank's rows of the step's global batch, in accumulation chunks.
         batch_inputs, batch_targets = self._batch("train", cfg.global_batch_size)
-        chunks = zip(
-            batch_inputs.chunk(cfg.grad_accum_steps),
-            batch_targets.chunk(cfg.grad_accum_steps),
-            strict=True,
-        )
+        chunks = zip(batch_inputs.chunk(accum), batch_targets.chunk(accum), strict=True)
         for index, (inputs, targets) in enumerate(chunks):
-            last = index == cfg.grad_accum_steps - 1
+            last = index == accum - 1
             with self.autocast():
-                micro = self.model.forward_backward(
-                    inputs, targets, 1 / cfg.grad_accum_steps, sync_grads=last
-                )
-            loss += micro / cfg.grad_accum_steps
+                micro = self.model.forward_backward(inputs, targets, 1 / accum, sync_grads=last)
+            loss += micro / accum
         grad_norm = clip_grad_norm(self.model, self.config.optimizer.grad_clip, self.runtime)
         mean_loss = mean_over_data_parallel(loss, self.runtime)
         # Both values are reduced over every rank, so all ranks decide alike.
@@ -483,7 +502,7 @@ class Trainer:
         saved_position = self.sampler.position["val"]
         self.sampler.position["val"] = 0
         total = 0.0
-        accum = self.config.training.grad_accum_steps
+        accum = self.runtime.accum_steps
         for _ in range(self.config.training.eval_batches):
             # Global-batch-sized, in the same chunks as training to bound memory.
             batch = self._batch("val", self.config.training.global_batch_size)

@@ -6,7 +6,7 @@ launcher shutting down on SIGTERM never does, so a preempted worker would sit
 until the kill timeout instead of exiting right after its checkpoint.
 
 ``python -m torchfleet_trainer.worker JSON OUTCOMES``: the exit code is also
-written to ``OUTCOMES/rank-<rank>.exit``, for a launcher stopped by SIGTERM
+written to ``OUTCOMES/rank-<local rank>.exit``, for a launcher stopped by SIGTERM
 to tell a saved preemption (143) from an unsaved one.
 """
 
@@ -23,8 +23,7 @@ def main() -> int:
     config = TrainConfig.model_validate_json(sys.argv[1])
     code = train(config)
     if len(sys.argv) > 2:
-        ranks = pod_contract().process
-        write_outcome(Path(sys.argv[2]), ranks.rank if ranks else 0, code)
+        write_outcome(Path(sys.argv[2]), pod_contract().local_rank, code)
     return code
 
 

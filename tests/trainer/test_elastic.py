@@ -1,0 +1,188 @@
+"""An elastic job loses a node mid-run and keeps training on the survivors.
+
+Four ``torchfleet-train`` launchers on localhost, each one node of one
+process, join a c10d rendezvous (min 2, max 4) exactly as elastic pods do:
+through torchrun's ``PET_*`` variables alone, with the launcher's own
+rendezvous timeouts (the ones production runs with). FSDP2 shards over all ranks. At
+step KILL_AT one launcher and its worker are SIGKILLed, as a lost node takes
+its agent and worker with it. The survivors' workers see the dead peer, their
+agents re-rendezvous as three nodes and restart them; they resume from the
+last complete checkpoint, saved at four ranks and resharded by DCP to three.
+
+The global batch (12 sequences, 1 per rank per micro-step) is the same at
+every size: 3 accumulation steps at four ranks, 4 at three. So the survivors'
+per-step losses and gradient norms must match, within fp32's reduction-order
+tolerances (test_strategies.py's), both a three-rank run resumed from a copy
+of the same checkpoint and an uninterrupted four-rank run. The references
+run as fixed gangs, one process per rank (the operator's one-process-per-pod
+contract), beside the elastic job to keep the test short on two cores.
+
+The seconds from the loss to the survivors' first completed step are printed
+(``-s`` shows them); they are a measurement, never asserted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.trainer.cli_process import TrainerProcess, free_port
+from tests.trainer.test_strategies import GRAD_NORM_REL_TOL, LOSS_TOL, base, learnable_tokens
+from torchfleet_trainer import contract
+from torchfleet_trainer.checkpoint import MARKER, step_dir
+
+pytestmark = pytest.mark.trainer
+
+STEPS = 8
+KILL_AT = 5
+NODES = 4
+TIMEOUT = 240
+
+
+def overrides(data: Path, ckpt: Path) -> list[str]:
+    """test_strategies.py's model and data, with checkpoints and step logs."""
+    return [
+        *base(data),
+        f"training.steps={STEPS}",
+        # 12 = lcm(2, 3, 4): exact at every size from minNodes to maxNodes.
+        "training.globalBatchSize=12",
+        "training.microBatchSize=1",
+        "training.logInterval=1",
+        "training.evalInterval=0",
+        f"schedule.decaySteps={STEPS}",
+        "checkpoint.enabled=true",
+        f"checkpoint.dir={ckpt}",
+        "checkpoint.interval=2",
+        "checkpoint.keepLast=10",
+        "metrics.jsonLogs=true",
+        "tensorboard.enabled=false",
+    ]
+
+
+def elastic_env(endpoint: str, run_id: str, hosts_store: bool) -> dict[str, str]:
+    """What the operator puts on an elastic pod (one process per pod). On localhost
+    every node matches the endpoint's host, so is_host says which one serves the
+    rendezvous store (in a cluster, the master pod whose name it is)."""
+    rendezvous = contract.ElasticRendezvous(
+        min_nodes=2,
+        max_nodes=NODES,
+        endpoint=endpoint,
+        run_id=run_id,
+        max_restarts=3,
+        conf=f"is_host={int(hosts_store)}",
+    )
+    return rendezvous.to_env() | {contract.NPROC_PER_NODE: "1", contract.JOB_NAME: run_id}
+
+
+def fixed_gang(args: list[str], nproc: int) -> list[TrainerProcess]:
+    """An ordinary (not elastic) run of ``nproc`` ranks, one process each with its
+    ranks in the environment, as the operator runs one process per pod."""
+    port = str(free_port())
+    env = {contract.WORLD_SIZE: str(nproc), contract.MASTER_ADDR: "127.0.0.1"}
+    env[contract.MASTER_PORT] = port
+    return [TrainerProcess(args, env | {contract.RANK: str(rank)}) for rank in range(nproc)]
+
+
+def kill_node(pid: int) -> None:
+    """SIGKILLs a launcher and every process under it at once, as a lost node's
+    container dies: its agent starts each worker in a session of its own."""
+    tree, index = [pid], 0
+    while index < len(tree):
+        for task in Path(f"/proc/{tree[index]}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                tree += [int(child) for child in (task / "children").read_text().split()]
+        index += 1
+    for member in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(member, signal.SIGKILL)
+
+
+def steps_of(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    return {e["step"]: e for e in events if e["event"] == "step"}
+
+
+def restarts(events: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The events of each start of the workers, split at their 'world' events."""
+    starts = [i for i, e in enumerate(events) if e["event"] == "world"]
+    ends = [*starts[1:], len(events)]
+    return [events[a:b] for a, b in zip(starts, ends[: len(starts)], strict=True)]
+
+
+def first_to_log(
+    nodes: list[TrainerProcess], step: int, world_size: int, timeout: float
+) -> TrainerProcess:
+    """The node whose worker is rank 0 (only it logs), once it has logged ``step`` in a
+    world of ``world_size``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for node in nodes:
+            node.drain()
+            for run in restarts(node.events)[-1:]:
+                if run[0]["world_size"] == world_size and max(steps_of(run), default=0) >= step:
+                    return node
+            assert node.proc.poll() is None, node.stderr[-4000:]
+        time.sleep(0.05)
+    raise AssertionError(f"no node logged step {step} at world size {world_size} in {timeout}s")
+
+
+def assert_tracks(run: dict[int, dict[str, Any]], reference: dict[int, dict[str, Any]]) -> None:
+    for step, record in run.items():
+        expected = reference[step]
+        assert abs(record["loss"] - expected["loss"]) <= LOSS_TOL, (step, record, expected)
+        norm, expected_norm = record["grad_norm"], expected["grad_norm"]
+        assert abs(norm / expected_norm - 1) <= GRAD_NORM_REL_TOL, (step, record, expected)
+
+
+def test_losing_a_node_resumes_on_three_ranks_with_the_same_losses(tmp_path: Path) -> None:
+    data = learnable_tokens(tmp_path / "tokens.bin")
+    ckpt = tmp_path / "elastic"
+    endpoint = f"127.0.0.1:{free_port()}"
+    args = overrides(data, ckpt)
+    nodes = [TrainerProcess(args, elastic_env(endpoint, "elastic", i == 0)) for i in range(NODES)]
+    # (b) four ranks throughout.
+    four = fixed_gang(overrides(data, tmp_path / "four"), 4)
+    processes = nodes + four
+    try:
+        # Nodes that start late join in a later round (the agents restart to admit
+        # them): the loss must hit the full four-rank world.
+        logger = first_to_log(nodes, KILL_AT, world_size=NODES, timeout=TIMEOUT)
+        # Neither the store's host nor the node whose worker logs as rank 0.
+        victim = next(n for n in reversed(nodes[1:]) if n is not logger)
+        lost_at = time.time()
+        kill_node(victim.proc.pid)
+
+        world = logger.wait_for(lambda e: e["event"] == "world", timeout=TIMEOUT)
+        resumed = logger.wait_for(lambda e: e["event"] == "resumed", timeout=TIMEOUT)
+        first = logger.wait_for(lambda e: e["event"] == "step", timeout=TIMEOUT)
+        # (a) three ranks resumed from a copy of the same checkpoint.
+        saved = resumed["step"]
+        resume_dir = tmp_path / "three"
+        shutil.copytree(step_dir(ckpt, saved), step_dir(resume_dir, saved))
+        three = fixed_gang(overrides(data, resume_dir), 3)
+        processes += three
+        for process in [n for n in nodes if n is not victim] + four + three:
+            assert process.finish(timeout=TIMEOUT) == 0, process.stderr[-4000:]
+    finally:
+        for process in processes:
+            kill_node(process.proc.pid)
+    print(f"\nelastic: node lost -> first step on 3 ranks: {first['time'] - lost_at:.1f}s")
+
+    assert (world["world_size"], world["grad_accum_steps"]) == (3, 4)
+    assert (step_dir(ckpt, saved) / MARKER).is_file()
+    assert KILL_AT - 2 <= saved <= KILL_AT + 1, resumed
+    continuing = steps_of(logger.events[logger.events.index(resumed) :])
+    assert sorted(continuing) == list(range(saved + 1, STEPS + 1))
+    assert [e["step"] for e in three[0].of("resumed")] == [saved]
+
+    assert_tracks(continuing, steps_of(three[0].events))
+    # Every step the job ran, at whatever size and in every restart, matches the
+    # four-rank run's.
+    for run in restarts(logger.events):
+        assert_tracks(steps_of(run), steps_of(four[0].events))
