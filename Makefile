@@ -142,6 +142,10 @@ demo-down: ## stop what the demo left running (agent, operator, Prometheus, Tens
 bench-operator: venv cluster-build ## operator vs. bare client at N jobs (JOBS=100)
 	$(PY) benchmarks/bench_operator.py --jobs $${JOBS:-100}
 
+.PHONY: bench-operator-huge
+bench-operator-huge: venv cluster-build ## operator vs. bare client for one job of 1 master + 2,047 workers
+	$(PY) benchmarks/bench_operator.py --jobs 1 --workers 2047
+
 .PHONY: bench-trainer
 bench-trainer: venv ## nanoGPT recipe, 1B Llama tokens/s + MFU vs compiled/eager plain loops, checkpoints; quick CPU run without a GPU
 	if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; \
