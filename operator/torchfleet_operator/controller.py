@@ -111,6 +111,9 @@ class Controller:
         self._passes = ThreadPoolExecutor(config.workers, thread_name_prefix="reconcile")
         self._expectations: dict[JobKey, _Expectations] = {}
         self._last_status: dict[str, dict[str, Any]] = {}  # by job uid
+        # By job uid: the job as the pass that last wrote its status saw it
+        # (status and bookkeeping aside), to recognise that write's own event.
+        self._written_over: dict[str, dict[str, Any]] = {}
         self._api_failures: dict[JobKey, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.progress: ProgressPoller[JobKey] = ProgressPoller(
@@ -122,6 +125,20 @@ class Controller:
     def enqueue(self, key: JobKey) -> None:
         self.queue.add(key)
         metrics.QUEUE_DEPTH.set(len(self.queue))
+
+    def job_changed(self, key: JobKey, body: Mapping[str, Any]) -> None:
+        """A job's event queues it, unless all it brings is the status this
+        operator just wrote: every write comes back as an event, and a pass for
+        it would find nothing to do (a third of all passes at scale)."""
+        uid = (body.get("metadata") or {}).get("uid", "")
+        written = self._last_status.get(uid)
+        echo = (
+            written is not None
+            and body.get("status") == written
+            and self._written_over.get(uid) == _identity(body)
+        )
+        if not echo:
+            self.enqueue(key)
 
     def pod_changed(self, key: JobKey) -> None:
         self.queue.add_after(key, self.config.pod_event_batch_seconds)
@@ -135,6 +152,7 @@ class Controller:
         self.progress.forget(key)
         if uid:
             self._last_status.pop(uid, None)
+            self._written_over.pop(uid, None)
 
     def start(self) -> None:
         """Workers start at once but pass nothing until this replica leads; kopf's
@@ -347,8 +365,11 @@ class Controller:
             self._api_failures.pop(key, None)
         if result.job_deleted:
             return None
-        if status != current and not self._write_status(key, uid, current, status, decided):
-            delay = _sooner(delay, self._api_backoff(key))
+        if status != current:
+            if self._write_status(key, uid, current, status, decided):
+                self._written_over[uid] = _identity(body)
+            else:
+                delay = _sooner(delay, self._api_backoff(key))
         self.phases.set(key, status.get("phase") or "Pending")
         self.goodput.set(key, status)
         log.debug(
@@ -439,6 +460,17 @@ async def supervise(
         # A task that ran well for a while before failing starts over at the short delay.
         failures = 1 if time.monotonic() - started > max_backoff else failures + 1
         await asyncio.sleep(min(max_backoff, backoff * 2 ** min(failures - 1, 16)))
+
+
+def _identity(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A job minus its status and the apiserver's bookkeeping: what a status
+    write leaves unchanged."""
+    meta = {
+        k: v
+        for k, v in (body.get("metadata") or {}).items()
+        if k not in ("resourceVersion", "managedFields")
+    }
+    return {**{k: v for k, v in body.items() if k != "status"}, "metadata": meta}
 
 
 def _claim_key(body: dict[str, Any]) -> tuple[str, str]:

@@ -189,13 +189,13 @@ class _Both(Mapping[Any, list[Any]]):
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def job_changed(
-    type: str, namespace: str | None, name: str, uid: str, memo: Any, **_: Any
+    type: str, namespace: str | None, name: str, uid: str, body: kopf.Body, memo: Any, **_: Any
 ) -> None:
     controller = _controller(memo)
     if type == "DELETED":
         controller.job_deleted(_key(namespace, name), uid)
     else:
-        controller.enqueue(_key(namespace, name))
+        controller.job_changed(_key(namespace, name), body)
 
 
 @kopf.on.event("nodes")

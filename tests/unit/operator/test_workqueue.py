@@ -4,11 +4,13 @@ pod events are batched per job."""
 from __future__ import annotations
 
 import asyncio
+import copy
 
+import kopf
 from kubernetes import client
 
 from torchfleet_operator.config import OperatorConfig
-from torchfleet_operator.controller import Controller
+from torchfleet_operator.controller import Controller, _identity
 from torchfleet_operator.kube import Executor
 from torchfleet_operator.workqueue import WorkQueue
 
@@ -81,3 +83,48 @@ def test_a_burst_of_pod_events_wakes_the_job_once_after_the_batch_period():
         return during, after
 
     assert run(scenario()) == (0, 1)
+
+
+def test_the_event_of_the_operators_own_status_write_does_not_queue_the_job_again():
+    """Each status write comes back as a job event; anything else in an event queues."""
+
+    async def scenario():
+        controller = Controller(OperatorConfig(), Executor(client.ApiClient(), 1), "image:1")
+        seen = {
+            "metadata": {"name": "llm", "namespace": "team", "uid": "u1", "generation": 1},
+            "spec": {"worker": {"replicas": 2}},
+        }
+        written = {"phase": "Pending", "nodesReady": "0/3"}
+        controller._last_status["u1"] = written
+        controller._written_over["u1"] = _identity(seen)
+
+        def event(**changes):
+            body = copy.deepcopy(seen)
+            body["metadata"]["resourceVersion"] = "42"  # bookkeeping: never a change
+            body["status"] = dict(written)
+            for path, value in changes.items():
+                section, field = path.split("__")
+                body[section][field] = value
+            # kopf hands over a live view, not a dict
+            controller.job_changed(("team", "llm"), kopf.Body(body))
+            queued = len(controller.queue)
+            controller.queue.forget(("team", "llm"))
+            return queued
+
+        outcomes = {
+            "own write": event(),
+            "spec changed": event(spec__worker={"replicas": 3}),
+            "label added": event(metadata__labels={"kueue.x-k8s.io/queue-name": "q"}),
+            "being deleted": event(metadata__deletionTimestamp="2026-01-01T00:00:00Z"),
+            "someone else's status": event(status__phase="Running"),
+        }
+        await controller.stop()
+        return outcomes
+
+    assert run(scenario()) == {
+        "own write": 0,
+        "spec changed": 1,
+        "label added": 1,
+        "being deleted": 1,
+        "someone else's status": 1,
+    }
