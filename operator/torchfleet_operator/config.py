@@ -42,6 +42,10 @@ class OperatorConfig:
     # burst of events (created, scheduled, Running x 9) is one pass and one
     # status write, not nine (the Job controller's podUpdateBatchPeriod).
     pod_event_batch_seconds: float = 1.0
+    # A status change of pod counts alone (nodesReady, replicaStatuses) is
+    # written at most this often per job; any other change goes at once
+    # (status/pacing.py). 0 writes every change.
+    status_counts_interval_seconds: float = 5.0
     # Every job is reconciled at least this often, whatever the events say.
     resync_seconds: float = 300.0
     # Leader election (with --leader-elect): client-go's defaults. A leader

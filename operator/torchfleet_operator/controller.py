@@ -30,6 +30,7 @@ from torchfleet_operator.observed import Observed, ObservedNode, ObservedPod
 from torchfleet_operator.policy.admission import KueueView
 from torchfleet_operator.progress import ProgressPoller
 from torchfleet_operator.reconcile import Plan, after_execute, plan
+from torchfleet_operator.status.pacing import wait_before_writing
 from torchfleet_operator.status.patch import with_removals
 from torchfleet_operator.status.progress import without_scraped
 from torchfleet_operator.workqueue import WorkQueue
@@ -114,6 +115,7 @@ class Controller:
         # By job uid: the job as the pass that last wrote its status saw it
         # (status and bookkeeping aside), to recognise that write's own event.
         self._written_over: dict[str, dict[str, Any]] = {}
+        self._written_at: dict[str, float] = {}  # by job uid: last status write (monotonic)
         self._api_failures: dict[JobKey, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.progress: ProgressPoller[JobKey] = ProgressPoller(
@@ -153,6 +155,7 @@ class Controller:
         if uid:
             self._last_status.pop(uid, None)
             self._written_over.pop(uid, None)
+            self._written_at.pop(uid, None)
 
     def start(self) -> None:
         """Workers start at once but pass nothing until this replica leads; kopf's
@@ -365,7 +368,16 @@ class Controller:
             self._api_failures.pop(key, None)
         if result.job_deleted:
             return None
-        if status != current:
+        written_at = self._written_at.get(uid)
+        hold = wait_before_writing(
+            current,
+            status,
+            None if written_at is None else time.monotonic() - written_at,
+            self.config.status_counts_interval_seconds,
+        )
+        if hold is not None:  # counts alone: shown with the next write, at the latest then
+            delay = _sooner(delay, hold)
+        elif status != current:
             if self._write_status(key, uid, current, status, decided):
                 self._written_over[uid] = _identity(body)
             else:
@@ -410,6 +422,7 @@ class Controller:
             status = without_scraped(status, refused.code) or status
         previous = self._last_status.get(uid)
         self._last_status[uid] = status
+        self._written_at[uid] = time.monotonic()
         if decided.gang_restart and (previous or {}).get("restartCount") != status.get(
             "restartCount"
         ):

@@ -60,9 +60,8 @@ CONDITION_SCHEDULED = "Scheduled"
 REASON_POD_INVALID = "PodInvalid"
 # A child's name is held by an object this job does not control; it is not used.
 REASON_NAME_CONFLICT = "NameConflict"
-# Status keys the time accounting writes (status/goodput.py).
-TIME_ACCOUNTING = "timeAccounting"
-ACCOUNTING_KEYS = (TIME_ACCOUNTING, "goodput")
+# Status keys the time accounting writes.
+TIME_ACCOUNTING, ACCOUNTING_KEYS = goodput.TIME_ACCOUNTING, goodput.STATUS_KEYS
 # Failed reasons that delete every pod whatever cleanPodPolicy says.
 HOLDS_NOTHING = ("DeadlineExceeded", "BackoffLimitExceeded", c.REASON_INVALID_SPEC)
 

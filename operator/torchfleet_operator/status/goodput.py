@@ -34,6 +34,9 @@ from torchfleet_operator.api import constants as c
 from torchfleet_operator.observed import parse_time, timestamp
 
 FLUSH_SECONDS = 60
+# The status keys this module decides.
+TIME_ACCOUNTING = "timeAccounting"
+STATUS_KEYS = (TIME_ACCOUNTING, "goodput")
 FINISHED = (c.PHASE_SUCCEEDED, c.PHASE_FAILED)
 BUCKET_OF_PHASE = {
     c.PHASE_RUNNING: "runningSeconds",
