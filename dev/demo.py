@@ -208,12 +208,18 @@ def show_row(last: list[str]) -> None:
     progress = status.get("progress") or {}
     extra = ""
     if progress:
-        extra = (
-            f"  step {progress.get('step')}/{progress.get('totalSteps')}"
-            f"  loss {progress.get('loss')}  {progress.get('tokensPerSecond')} tok/s"
-            f"  eta {progress.get('etaSeconds')}s"
-            f"  checkpoint {(status.get('lastCheckpoint') or {}).get('step')}"
-        )
+        # A gang just restarted shows only the step it resumes from: no loss,
+        # rate or ETA until its master is scraped (never "None").
+        shown = [f"step {progress.get('step')}/{progress.get('totalSteps')}"]
+        for key, form in (
+            ("loss", "loss {}"),
+            ("tokensPerSecond", "{} tok/s"),
+            ("etaSeconds", "eta {}s"),
+        ):
+            if progress.get(key) is not None:
+                shown.append(form.format(progress[key]))
+        shown.append(f"checkpoint {(status.get('lastCheckpoint') or {}).get('step')}")
+        extra = "  " + "  ".join(shown)
     # A new line only when something but the AGE column (the last) changed.
     key = " ".join(row.split()[:-1]) + extra
     if not last or key != last[-1]:
