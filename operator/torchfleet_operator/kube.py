@@ -247,7 +247,7 @@ class Executor:
     def _count(
         result: ExecutionResult, batch: list[dict[str, Any]], outcomes: list[ApiFailure | None]
     ) -> None:
-        for manifest, failure in zip(batch, outcomes, strict=False):
+        for manifest, failure in zip(batch, outcomes, strict=True):
             if failure is not None:
                 result.failures.append(failure)
                 continue
