@@ -4,9 +4,13 @@ watch, and the relist after 410 Gone (a version older than the apiserver keeps).
 from __future__ import annotations
 
 import asyncio
+import json
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+import pytest
 
 from torchfleet_operator import informer as informer_module
 from torchfleet_operator import metrics
@@ -53,6 +57,17 @@ def names(informer: PodInformer, key: tuple[str, str]) -> set[str]:
     return {p.name for p in informer.index.get(key) or ()}
 
 
+def _forgets_version_1(raw: RawApi, path: str) -> bool:
+    """Whether a watch from version 1 gets 410 Gone here (asked with a 2 s timeout)."""
+    query = {"watch": "true", "resourceVersion": "1", "timeoutSeconds": "2"}
+    for lines in raw.stream(path, query, stop=threading.Event()):
+        for line in lines:
+            event = json.loads(line)
+            if event.get("type") == "ERROR":
+                return bool((event.get("object") or {}).get("code") == 410)
+    return False
+
+
 def test_paged_list_then_watch_keep_the_index_and_wake_each_job(cluster, namespace, monkeypatch):
     raw = RawApi(cluster.api_client(), counted=False)
     pods = f"/api/v1/namespaces/{namespace}/pods"
@@ -87,6 +102,10 @@ def test_a_watch_from_a_version_the_apiserver_no_longer_keeps_relists(cluster, n
     pods = f"/api/v1/namespaces/{namespace}/pods"
     for rank in range(2):
         raw.request("POST", pods, job_pod(f"llm-{rank}", "llm", rank))
+    if not _forgets_version_1(raw, pods):
+        # A young apiserver whose watch cache still reaches back to version 1
+        # answers with a replay, not 410: nothing to relist from.
+        pytest.skip("this apiserver still serves a watch from version 1")
     expired = metrics.WATCH_RESTARTS.labels(resource="pods", reason="expired")
 
     async def scenario() -> None:
