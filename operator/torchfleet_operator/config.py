@@ -33,6 +33,11 @@ class OperatorConfig:
     # kubelet took its pod fails the gang (retryable, counted): a gang that
     # cannot start must not hold the other nodes for ever.
     image_pull_bound_seconds: float = 300.0
+    # A failure that would end the job (a permanent exit) is decided only once
+    # the gang's other pods have ended, or this long after it: kubelets report
+    # independently, and the OOM kill that took the peers down with exit 1 can
+    # arrive after their exits (the first to end decides; policy/failure.py).
+    failure_settle_seconds: float = 10.0
     # How often the master's /metrics is read for status.progress; 0 disables.
     progress_interval_seconds: float = 15.0
     # The port it is read on: the pod contract's metrics port, unless a

@@ -42,6 +42,7 @@ from torchfleet_operator.policy.failure import (
     exit_is_retryable,
     first_failure,
     restart_backoff,
+    settle_left,
 )
 from torchfleet_operator.status import conditions as cond
 from torchfleet_operator.status import goodput
@@ -754,6 +755,12 @@ def _on_failure(
     policy = spec.run_policy
     first = first_failure(failures)
     if not first.retryable:
+        left = settle_left(failures, step.now, step.config.failure_settle_seconds)
+        if left > 0 and not all(p.finished for p in gang):
+            # Ending the job is final: first hear from the peers (the module
+            # docstring of policy/failure.py says why).
+            step.plan.wake_in(left)
+            return step.finalize()
         step.finish(
             c.PHASE_FAILED,
             "PodFailedPermanently",

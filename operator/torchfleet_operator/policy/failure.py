@@ -15,6 +15,12 @@ an OOM-killed rank takes its peers down with exit 1, and those exits are
 consequences. finishedAt has one-second resolution, so within one second a
 retryable failure is taken as the cause; pods without a finishedAt (taken away,
 not exited) come after those that exited.
+
+Kubelets report on their own schedules, so a batch can arrive in pieces: the
+peers' exit 1 first, the OOM kill that caused them a few seconds later. A
+failure that would end the job therefore waits (``settle_left``) until the
+gang's other pods have ended too, or for a bounded time after it ended; one
+that restarts the gang is decided at once, as waiting cannot make it worse.
 """
 
 from __future__ import annotations
@@ -74,6 +80,20 @@ def first_failure(failures: Collection[Failure]) -> Failure:
             not f.retryable,
         ),
     )
+
+
+def settle_left(failures: Collection[Failure], now: datetime, settle_seconds: float) -> float:
+    """Seconds to wait before a job-ending decision on ``failures`` (0: decide).
+
+    Counted from the earliest exit among them, so a batch that trickled in is
+    judged once its first failure is ``settle_seconds`` old; never more than
+    ``settle_seconds`` from now, whatever the kubelet's clock said.
+    """
+    ended = [f.finished_at for f in failures if f.finished_at is not None]
+    if not ended:
+        return 0.0
+    waited = (now - min(ended)).total_seconds()
+    return min(settle_seconds, max(0.0, settle_seconds - waited))
 
 
 def restart_backoff(restarts_so_far: int, base: float, cap: float) -> float:

@@ -186,11 +186,53 @@ def test_the_first_failure_by_finished_at_decides_the_batch(oom_at, exit_1_at, o
     p = plan(
         job(runPolicy={"restartPolicy": "ExitCode"}),
         observed(*gang(**{oom.name: oom, peer.name: peer})),
-        at(5),
+        at(15),  # past the settle time: the batch is complete
         CONFIG,
         status=running_status(),
     )
     assert p.status["phase"] == outcome
+
+
+@pytest.mark.parametrize(
+    ("now", "master_phase", "outcome", "wake_in"),
+    [
+        # The peer's exit 1 arrived first; the OOM kill may still be on its way.
+        (3, "Running", "Running", CONFIG.failure_settle_seconds - 1),
+        (2 + CONFIG.failure_settle_seconds, "Running", "Failed", None),
+        # Every pod of the gang has ended: nothing more will come.
+        (3, "Failed", "Failed", None),
+        # A kubelet clock ahead of ours: never longer than the settle time.
+        (-60, "Running", "Running", CONFIG.failure_settle_seconds),
+    ],
+)
+def test_a_job_ending_failure_waits_for_the_rest_of_its_batch(now, master_phase, outcome, wake_in):
+    peer = pod("llm", 1, phase="Failed", exit_code=1, finished_at=at(2))
+    ended = {"exit_code": 1, "finished_at": at(2)} if master_phase == "Failed" else {}
+    master = pod("llm", 0, phase=master_phase, **ended)
+    p = plan(
+        job(workers=1, runPolicy={"restartPolicy": "ExitCode"}),
+        observed(master, peer),
+        at(now),
+        CONFIG,
+        status=running_status(),
+    )
+    assert p.status["phase"] == outcome
+    if wake_in is not None:
+        assert p.requeue_after == pytest.approx(wake_in)
+        assert p.delete == [] and p.create == [] and p.gang_restart is None
+
+
+def test_an_oom_kill_reported_after_its_peers_exit_1_restarts_the_gang():
+    """The batch in pieces: exit 1 seen first (no decision), then the OOM kill."""
+    peer = pod("llm", 1, phase="Failed", exit_code=1, finished_at=at(2))
+    spec = {"runPolicy": {"restartPolicy": "ExitCode"}}
+    first = plan(
+        job(workers=1, **spec), observed(pod("llm", 0), peer), at(4), CONFIG, running_status()
+    )
+    assert first.status["phase"] == "Running"
+    oom = pod("llm", 0, phase="Failed", exit_code=137, finished_at=at(1))
+    second = plan(job(workers=1, **spec), observed(oom, peer), at(5), CONFIG, first.status)
+    assert second.status["phase"] == "Restarting" and second.gang_restart == "PodFailed"
 
 
 ADMISSION_FAILURE = {
