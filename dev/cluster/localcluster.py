@@ -3,7 +3,8 @@
 etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK, built
 from Go modules by build.sh, run as local processes with their state under
 ``.cluster/``. KWOK plays the kubelet for fake GPU nodes; pod and node
-behaviour on demand comes from the Stage files in ``stages/``.
+behaviour on demand comes from the Stage files in ``stages/``, except for
+confirming a pod's deletion, which fake_kubelet.py does (by UID, as a kubelet).
 
     python dev/cluster/localcluster.py up      # start, or reuse a running one
     python dev/cluster/localcluster.py up --with kueue   # plus Kueue (kueue.py)
@@ -45,8 +46,16 @@ TOOLS = (
     "kwok",
     "helm",
 )
-# Started in this order, stopped in reverse.
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+# Started in this order, stopped in reverse. fake-kubelet (fake_kubelet.py)
+# confirms pod deletions on KWOK's nodes, as a kubelet does: by UID.
+COMPONENTS = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+    "fake-kubelet",
+)
 # Started on demand beside the control plane (``up --with NAME``), each by
 # dev/cluster/NAME.py, whose class NAME.capitalize() takes this cluster.
 ADDONS = ("kueue",)
@@ -116,6 +125,18 @@ class LocalCluster:
         wait_for(
             lambda: self._http_ok(f"http://127.0.0.1:{self.ports.kwok}/healthz"), "kwok /healthz"
         )
+        ready = self.run / "fake-kubelet.ready"
+        ready.unlink(missing_ok=True)
+        self._start(
+            "fake-kubelet",
+            [
+                str(HERE / "fake_kubelet.py"),
+                f"--root={self.root}",
+                f"--port={self.ports.apiserver}",
+            ],
+            program=sys.executable,
+        )
+        wait_for(ready.exists, "fake-kubelet's first list of pods")
         self._create_fake_nodes(nodes)
         wait_for(lambda: self._ready_nodes() >= nodes, f"{nodes} fake nodes Ready", 60)
         wait_for(self._default_service_account_exists, "default ServiceAccount", 60)
@@ -158,10 +179,10 @@ class LocalCluster:
 
     # ---- processes -------------------------------------------------------
 
-    def _start(self, name: str, args: list[str]) -> None:
+    def _start(self, name: str, args: list[str], program: str | None = None) -> None:
         logfile = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
         proc = subprocess.Popen(
-            [str(self.bin / name), *args],
+            [program or str(self.bin / name), *args],
             stdout=logfile,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

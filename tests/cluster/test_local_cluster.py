@@ -3,6 +3,7 @@ on-demand pod/node behaviour all come from the actual control plane + KWOK."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import time
 import uuid
@@ -15,7 +16,8 @@ import pytest
 from tests.fixtures.cluster import Cluster
 
 pytestmark = pytest.mark.cluster
-FAKE_NODE = json.loads((Path(__file__).parents[2] / "dev/cluster/fake-gpu-node.json").read_text())
+REPO = Path(__file__).parents[2]
+FAKE_NODE = json.loads((REPO / "dev/cluster/fake-gpu-node.json").read_text())
 
 
 def eventually(probe: Callable[[], Any], what: str, timeout: float = 60) -> Any:
@@ -173,3 +175,54 @@ def test_apiserver_rejects_invalid_object_naming_the_field(
     assert out.returncode != 0
     assert "spec.containers[0].name" in out.stderr
     assert "Invalid value" in out.stderr
+
+
+def _fake_kubelet() -> Any:
+    """dev/cluster/fake_kubelet.py's deleter for this local cluster (None: not ours)."""
+    from tests.fixtures.cluster import _external_kubeconfig, _load_localcluster
+
+    if _external_kubeconfig():
+        return None
+    local = _load_localcluster().LocalCluster()
+    spec = importlib.util.spec_from_file_location(
+        "fake_kubelet", REPO / "dev/cluster/fake_kubelet.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.FakeKubelet(module.Api(local.root, local.ports.apiserver))
+
+
+def test_a_deletion_is_confirmed_for_that_pod_and_never_for_a_new_one_of_its_name(
+    cluster: Cluster, namespace: str
+) -> None:
+    """As a kubelet: deletions complete (finalizers too), guarded by the pod's UID.
+    KWOK's own delete step went by name and, run late, removed the pod that had
+    taken the name since, which made a new gang lose a pod."""
+    kubelet = _fake_kubelet()
+    if kubelet is None:
+        pytest.skip("an external cluster: its kubelets confirm deletions")
+    held = pod_manifest("rank-0", finalizers=["torchfleet.dev/test-hold"])
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=held)
+    old = eventually(phase_is(cluster, namespace, "rank-0", "Running"), "the pod to run")
+    cluster.kubectl("delete", "pod", "rank-0", "-n", namespace, "--wait=false")
+    eventually(
+        lambda: not cluster.get_json("pods", "-n", namespace)["items"],
+        "the deletion to complete, finalizer and all",
+    )
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=held)
+    new = eventually(phase_is(cluster, namespace, "rank-0", "Running"), "the new pod to run")
+
+    # The old pod's terminating events, delivered late (still held by its finalizer,
+    # then released): nothing happens to the new pod.
+    terminating = {**old["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"}
+    released = {k: v for k, v in terminating.items() if k != "finalizers"}
+    for stale in (terminating, released):
+        kubelet.handle({**old, "metadata": stale})
+        now = pod(cluster, namespace, "rank-0")["metadata"]
+        assert (now["uid"], now["finalizers"]) == (
+            new["metadata"]["uid"],
+            ["torchfleet.dev/test-hold"],
+        )
+    kubelet.handle(pod(cluster, namespace, "rank-0"))  # not terminating: left alone too
+    assert pod(cluster, namespace, "rank-0")["metadata"]["uid"] == new["metadata"]["uid"]
