@@ -15,7 +15,10 @@ logs=.test-logs
 mkdir -p "$logs"
 local_log="$logs/local-tiers.log"
 
-"$py" -m pytest tests/unit tests/trainer tests/images "$@" >"$local_log" 2>&1 &
+# Heaviest first: torch processes and pip installs then overlap the cluster
+# tiers' API-bound start, and the light unit tests overlap their CPU-bound end
+# (the e2e tier trains for real), instead of the other way round.
+"$py" -m pytest tests/trainer tests/images tests/unit "$@" >"$local_log" 2>&1 &
 local_pid=$!
 trap 'kill "$local_pid" 2>/dev/null' EXIT INT TERM
 
@@ -26,8 +29,8 @@ local_rc=$?
 trap - EXIT INT TERM
 
 echo
-echo "======== tests/unit tests/trainer tests/images (ran beside the cluster tiers; $local_log) ========"
+echo "======== tests/trainer tests/images tests/unit (ran beside the cluster tiers; $local_log) ========"
 cat "$local_log"
 echo
-echo "cluster tiers (tests/cluster tests/e2e): exit $cluster_rc; local tiers (tests/unit tests/trainer tests/images): exit $local_rc"
+echo "cluster tiers (tests/cluster tests/e2e): exit $cluster_rc; local tiers (tests/trainer tests/images tests/unit): exit $local_rc"
 [ "$cluster_rc" -eq 0 ] && [ "$local_rc" -eq 0 ]
