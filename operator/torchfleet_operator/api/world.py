@@ -31,17 +31,17 @@ from torchfleet_trainer.config import (
 # ---- CEL fragments over the spec --------------------------------------------------------
 
 _GPUS = "(self.resources.gpus > 0 ? self.resources.gpus : 1)"
-_PROCS = f"(type(self.processesPerNode) == int ? self.processesPerNode : {_GPUS})"
-WORLD = f"((1 + self.worker.replicas) * {_PROCS})"
+PROCS = f"(type(self.processesPerNode) == int ? self.processesPerNode : {_GPUS})"
+WORLD = f"((1 + self.worker.replicas) * {PROCS})"
 
 _PARALLEL = "self.trainer.?parallel"
 _REPLICATE = or_default(_PARALLEL, ParallelConfig, "data_parallel_replicate")
 _TENSOR = or_default(_PARALLEL, ParallelConfig, "tensor")
 _PIPELINE = or_default(_PARALLEL, ParallelConfig, "pipeline")
-_SHARD = or_default(_PARALLEL, ParallelConfig, "data_parallel_shard")
-_FIXED = f"({_REPLICATE} * {_TENSOR} * {_PIPELINE})"
-_FITS = f"({_SHARD} == -1 ? {WORLD} % {_FIXED} == 0 : {_FIXED} * {_SHARD} == {WORLD})"
-_DP = f"({_REPLICATE} * ({_SHARD} == -1 ? {WORLD} / {_FIXED} : {_SHARD}))"
+SHARD = or_default(_PARALLEL, ParallelConfig, "data_parallel_shard")
+FIXED = f"({_REPLICATE} * {_TENSOR} * {_PIPELINE})"
+_FITS = f"({SHARD} == -1 ? {WORLD} % {FIXED} == 0 : {FIXED} * {SHARD} == {WORLD})"
+_DP = f"({_REPLICATE} * ({SHARD} == -1 ? {WORLD} / {FIXED} : {SHARD}))"
 
 _TRAINING = "self.trainer.?training"
 _BATCH = or_default(_TRAINING, TrainingConfig, "global_batch_size")
@@ -57,8 +57,8 @@ _SEQUENCE_PARALLEL = or_default(_PARALLEL, ParallelConfig, "sequence_parallel")
 # format(), not '+': the cost estimator prices string concatenation as unbounded.
 _DEGREES_MESSAGE = (
     "'trainer.parallel: dataParallelReplicate x tensor x pipeline = %d%s the world size %d "
-    f"(nodes x processesPerNode)'.format([{_FIXED}, {_SHARD} == -1 ? ' does not divide' : "
-    f"' x dataParallelShard %d does not equal'.format([{_SHARD}]), {WORLD}])"
+    f"(nodes x processesPerNode)'.format([{FIXED}, {SHARD} == -1 ? ' does not divide' : "
+    f"' x dataParallelShard %d does not equal'.format([{SHARD}]), {WORLD}])"
 )
 
 
