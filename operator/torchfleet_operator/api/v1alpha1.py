@@ -968,6 +968,31 @@ class TimeAccounting(StatusModel):
     gang: GangAccounting | None = Field(None, description="The current gang's bookkeeping.")
 
 
+class ElasticStatus(StatusModel):
+    """An elastic job's size and its replaced workers."""
+
+    current_nodes: int = Field(0, ge=0, description="Pods of the gang running now.")
+    desired_nodes: int = Field(0, ge=0, description="1 + worker.replicas.")
+    replacements: int = Field(
+        0,
+        ge=0,
+        description="Worker pods recreated alone (failed, evicted, lost with their node, "
+        "deleted) while the rest of the gang kept training.",
+    )
+    counted_replacements: int = Field(
+        0,
+        ge=0,
+        description="Replacements counted toward elastic.maxRestarts: the program's own "
+        "failures (a pod the platform took away is not counted, as with backoffLimit).",
+    )
+    replacing: dict[str, Annotated[str, StringConstraints(max_length=64)]] | None = Field(
+        None,
+        max_length=4096,
+        description="Workers being replaced: pod name to the uid of the pod replaced ('' "
+        "when it was already gone), so that one loss is counted once.",
+    )
+
+
 class TrainingJobStatus(StatusModel):
     """What the operator observed; written only by the operator."""
 
@@ -988,9 +1013,14 @@ class TrainingJobStatus(StatusModel):
     )
     replica_statuses: ReplicaStatuses | None = Field(None, description="Pod counts per role.")
     nodes_ready: Annotated[str, StringConstraints(max_length=32)] | None = Field(
-        None, description="Ready pods / pods in the gang, e.g. 3/4 (one pod per node)."
+        None,
+        description="Ready pods / pods in the gang, e.g. 3/4 (one pod per node); for an "
+        "elastic job the nodes it trains on now / the desired size.",
     )
     restart_count: int = Field(0, ge=0, description="Gang restarts so far.")
+    elastic: ElasticStatus | None = Field(
+        None, description="An elastic job's current and desired nodes and replaced workers."
+    )
     disruptions: int = Field(
         0,
         ge=0,
