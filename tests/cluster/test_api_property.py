@@ -290,17 +290,19 @@ def test_trainer_config(trainingjobs: TrainingJobs, property_namespace: str) -> 
     agree()
 
 
-@_settings(SECTION_EXAMPLES)
-@given(spec=WORLD_SIZE_SPECS)
-def test_world_size_rule(
-    spec: dict[str, Any], trainingjobs: TrainingJobs, property_namespace: str
+@pytest.mark.parametrize(
+    ("name", "strategy"),
+    [("tj-world", WORLD_SIZE_SPECS), ("tj-elastic", ELASTIC_SPECS)],
+    ids=["world-size", "elastic"],
+)
+def test_shape_rules(
+    name: str, strategy: Strategy, trainingjobs: TrainingJobs, property_namespace: str
 ) -> None:
-    _check(trainingjobs, property_namespace, "tj-world", spec)
+    """The world-size rules, and the elastic rules over the same shapes."""
 
+    @_settings(SECTION_EXAMPLES)
+    @given(spec=strategy)
+    def agree(spec: dict[str, Any]) -> None:
+        _check(trainingjobs, property_namespace, name, spec)
 
-@_settings(SECTION_EXAMPLES)
-@given(spec=ELASTIC_SPECS)
-def test_elastic_rules(
-    spec: dict[str, Any], trainingjobs: TrainingJobs, property_namespace: str
-) -> None:
-    _check(trainingjobs, property_namespace, "tj-elastic", spec)
+    agree()
