@@ -71,7 +71,12 @@ REASON_NAME_CONFLICT = "NameConflict"
 # Status keys the time accounting writes.
 TIME_ACCOUNTING, ACCOUNTING_KEYS = goodput.TIME_ACCOUNTING, goodput.STATUS_KEYS
 # Failed reasons that delete every pod whatever cleanPodPolicy says.
-HOLDS_NOTHING = ("DeadlineExceeded", "BackoffLimitExceeded", c.REASON_INVALID_SPEC)
+HOLDS_NOTHING = (
+    "DeadlineExceeded",
+    "BackoffLimitExceeded",
+    elastic.REASON_RESTARTS_EXCEEDED,
+    c.REASON_INVALID_SPEC,
+)
 
 
 @dataclass(frozen=True)
@@ -647,15 +652,17 @@ def _replace_lost_workers(
     )
     step.status["elastic"] = _elastic_status(spec, gang, decided)
     limit = spec.elastic.max_restarts
+    counted = [f for f in decided.new if not f.disruption]
+    if decided.counted > limit and counted:
+        before = decided.counted - len(counted)
+        step.finish(
+            c.PHASE_FAILED,
+            elastic.REASON_RESTARTS_EXCEEDED,
+            f"{counted[0].describe()}; elastic.maxRestarts {limit} reached "
+            f"({before} worker replacements counted before)",
+        )
+        return []
     for failure in decided.new:
-        if decided.counted > limit:
-            step.finish(
-                c.PHASE_FAILED,
-                elastic.REASON_RESTARTS_EXCEEDED,
-                f"{failure.describe()}; elastic.maxRestarts {limit} reached after "
-                f"{decided.counted - 1} counted worker replacements",
-            )
-            return []
         step.plan.events.append(
             EventSpec("Warning", "WorkerReplaced", f"replacing it alone: {failure.describe()}")
         )
@@ -1044,6 +1051,16 @@ def _phase_from_gang(step: _Pass, spec: TrainingJobSpec, gang: list[ObservedPod]
             f"{running} of {nodes} pods are running, the master among them "
             f"(elastic: at least {spec.elastic.min_nodes})"
         )
+        if not trains and cond.is_true(step.status.get("conditions"), c.CONDITION_RUNNING):
+            # It shrank below minNodes (or lost its master): the agents wait for
+            # enough nodes to rendezvous, nothing trains meanwhile.
+            step.set_condition(
+                c.CONDITION_RUNNING,
+                False,
+                "BelowMinNodes",
+                f"{running} of {nodes} pods are running; an elastic job trains with at least "
+                f"{spec.elastic.min_nodes}, the master among them",
+            )
     else:
         trains, message = running == nodes, f"all {nodes} pods are running"
     if trains:

@@ -149,7 +149,13 @@ def test_max_restarts_bounds_the_counted_replacements(max_restarts, counted_befo
         failed_condition = find(p.status["conditions"], "Failed")
         assert failed_condition["reason"] == "ElasticRestartsExceeded"
         assert f"maxRestarts {max_restarts}" in failed_condition["message"]
+        assert (
+            f"({counted_before} worker replacements counted before)"
+            in (failed_condition["message"])
+        )
         assert W0 in failed_condition["message"]
+        # It holds nothing any more: every pod goes, whatever cleanPodPolicy says.
+        assert pod_names(p, "delete") == [MASTER, W0, W1, W2]
 
 
 @pytest.mark.parametrize(
@@ -190,3 +196,37 @@ def test_a_replaced_worker_on_a_lost_node_is_force_deleted_after_the_grace():
     late = plan(elastic_job(), seen, at(grace + 1), CONFIG, status)
     assert [(r.name, r.grace_period_seconds) for r in late.delete] == [(W1, 0)]
     assert late.status["elastic"]["replacements"] == 1  # the same loss, not counted again
+
+
+def test_two_workers_lost_at_once_are_both_replaced():
+    seen = observed(*four(**{W0: failed(1), W2: failed(3, disrupted=True, reason="Evicted")}))
+    p = plan(elastic_job(), seen, at(1), CONFIG, running_status())
+    assert pod_names(p, "delete") == [W0, W2] and p.gang_restart is None
+    assert p.status["phase"] == "Running"  # master + 1 worker: minNodes 2
+    elastic = p.status["elastic"]
+    assert (elastic["replacements"], elastic["countedReplacements"]) == (2, 1)
+    assert sorted(elastic["replacing"]) == [W0, W2]
+
+
+def test_shrinking_below_min_nodes_says_so_and_waits_without_a_restart():
+    seen = observed(*four(**{W0: failed(1), W1: failed(2)}))
+    running = plan(elastic_job(min_nodes=3), observed(*four()), at(0), CONFIG, status={})
+    p = plan(elastic_job(min_nodes=3), seen, at(1), CONFIG, running.status)
+    assert p.gang_restart is None and p.status["restartCount"] == 0
+    assert p.status["phase"] == "Pending"
+    condition = find(p.status["conditions"], "Running")
+    assert condition["status"] == "False" and condition["reason"] == "BelowMinNodes"
+    # The replacements run: it trains again, same gang.
+    back = (
+        dataclasses.replace(pod("llm", 1), uid="new-1"),
+        dataclasses.replace(pod("llm", 2), uid="new-2"),
+    )
+    again = plan(
+        elastic_job(min_nodes=3),
+        observed(*four(**{W0: back[0], W1: back[1]})),
+        at(5),
+        CONFIG,
+        p.status,
+    )
+    assert again.status["phase"] == "Running" and again.status["restartCount"] == 0
+    assert find(again.status["conditions"], "Running")["status"] == "True"
