@@ -202,18 +202,26 @@ COMMANDS = st.sampled_from(
 )
 
 
-def _elastic(shape: dict[str, Any], elastic: dict[str, Any], command: list[str] | None) -> Any:
-    """An elastic spec: the world-size shape with its trainer, or with a command."""
+def _elastic(
+    shape: dict[str, Any], elastic: dict[str, Any], command: list[str] | None, micro: int | None
+) -> Any:
+    """An elastic spec: the world-size shape with its trainer (and sometimes a
+    micro batch), or with a command instead."""
     spec = {**shape, "elastic": elastic}
     if command is not None:
         del spec["trainer"]
         spec["command"] = command
+    elif micro is not None:
+        training = spec["trainer"]["training"]
+        spec["trainer"] = {**spec["trainer"], "training": {**training, "microBatchSize": micro}}
     return spec
 
 
-# The world-size shapes made elastic: bounds around the desired size, and
-# commands that do or do not name a per-pod rank.
-ELASTIC_SPECS = st.builds(_elastic, WORLD_SIZE_SPECS, ELASTIC, st.none() | COMMANDS)
+# The world-size shapes made elastic: bounds around the desired size, micro
+# batches, and commands that do or do not name a per-pod rank.
+ELASTIC_SPECS = st.builds(
+    _elastic, WORLD_SIZE_SPECS, ELASTIC, st.none() | COMMANDS, st.none() | st.integers(1, 4)
+)
 
 
 def _models_verdict(manifest: dict[str, Any]) -> InvalidSpecError | None:

@@ -9,6 +9,14 @@ counts n and n + 1 both being multiples of ``fixed / gcd`` forces ``fixed`` to
 divide processesPerNode itself (it divides their difference), and that in turn
 is enough for every n: so the CEL needs no loop over the sizes.
 
+The global batch must split evenly at every size too (the trainer's
+``TrainConfig.check_elastic``, which the Python side calls): with u = the
+data-parallel degree per node, the per-rank micro batch m is
+training.microBatchSize, else globalBatchSize / (maxNodes x u x gradAccumSteps);
+then n x u x m must divide globalBatchSize for every n from minNodes to
+maxNodes (and pipelineMicrobatches must divide m). That one loops, over
+``lists.range`` with a constant bound so the API server can price it.
+
 Each rule is CEL over the spec (``self``) plus the same check in Python.
 """
 
@@ -16,8 +24,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from torchfleet_operator.api import constants as c
 from torchfleet_operator.api.base import Rule
-from torchfleet_operator.api.world import FIXED, PROCS, SHARD
+from torchfleet_operator.api.trainer_rules import or_default
+from torchfleet_operator.api.world import (
+    BATCH,
+    FIXED,
+    MICROBATCHES,
+    PIPELINE,
+    PROCS,
+    REPLICATE,
+    SHARD,
+    TRAINING,
+)
+from torchfleet_trainer.config import ConfigError, TrainingConfig
 
 if TYPE_CHECKING:
     from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
@@ -29,6 +49,22 @@ RANK_VARIABLES = ("$(RANK)", "$(WORLD_SIZE)", "$(NODE_RANK)", "$(LOCAL_RANK)")
 _ELASTIC = "has(self.elastic)"
 _RESIZES = f"{_ELASTIC} && self.elastic.minNodes < self.elastic.maxNodes"
 _NODES = "(1 + self.worker.replicas)"
+# Past the two degree rules (each reports its own failure): the data-parallel degree
+# per node, the micro batch, and the global batch's split at each size.
+_DEGREES_FOLLOW = f"{SHARD} == -1 && {PROCS} % {FIXED} == 0"
+_DP_PER_NODE = f"({REPLICATE} * {PROCS} / {FIXED})"
+_ACCUM = or_default(TRAINING, TrainingConfig, "grad_accum_steps")
+_GIVEN_MICRO = f"{TRAINING}.?microBatchSize"
+_MIN, _MAX = "self.elastic.minNodes", "self.elastic.maxNodes"
+_MICRO = f"{_GIVEN_MICRO}.orValue({BATCH} / ({_MAX} * {_DP_PER_NODE} * {_ACCUM}))"
+_ANCHOR_SPLITS = (
+    f"({_GIVEN_MICRO}.hasValue() || {BATCH} % ({_MAX} * {_DP_PER_NODE} * {_ACCUM}) == 0)"
+)
+_EVERY_SIZE_SPLITS = (
+    f"lists.range({1 + c.MAX_WORKERS}).all(i, i > {_MAX} - {_MIN} || "
+    f"{BATCH} % (({_MIN} + i) * {_DP_PER_NODE} * {_MICRO}) == 0)"
+)
+_MICROBATCHES_SPLIT = f"({PIPELINE} == 1 || {_MICRO} % {MICROBATCHES} == 0)"
 
 
 def _resizes(spec: TrainingJobSpec) -> bool:
@@ -58,6 +94,24 @@ def _fixed_degrees_fit_a_node(spec: TrainingJobSpec) -> bool:
     parallel = spec.trainer.parallel
     fixed = parallel.data_parallel_replicate * parallel.tensor * parallel.pipeline
     return spec.resolved_processes_per_node % fixed == 0
+
+
+def _batch_splits_at_every_size(spec: TrainingJobSpec) -> bool:
+    return _batch_problem(spec) is None
+
+
+def _batch_problem(spec: TrainingJobSpec) -> str | None:
+    """The trainer's own refusal of this elastic layout's batch, or None."""
+    if not (_shard_follows_nodes(spec) and _fixed_degrees_fit_a_node(spec)):
+        return None  # reported by those rules
+    if not _resizes(spec) or spec.trainer is None or spec.elastic is None:
+        return None
+    sizes = range(spec.elastic.min_nodes, spec.elastic.max_nodes + 1)
+    try:
+        spec.trainer.check_elastic(sizes, spec.resolved_processes_per_node)
+    except ConfigError as error:
+        return f"trainer.{error}"  # the trainer's words name the field below trainer
+    return None
 
 
 def elastic_rules() -> tuple[Rule, ...]:
@@ -96,5 +150,16 @@ def elastic_rules() -> tuple[Rule, ...]:
             "every node count from minNodes to maxNodes has a whole data-parallel degree",
             check=_fixed_degrees_fit_a_node,
             field_path=".trainer.parallel",
+        ),
+        Rule(
+            cel=f"!({_RESIZES}) || !has(self.trainer) || !({_DEGREES_FOLLOW}) || "
+            f"({_ANCHOR_SPLITS} && {_EVERY_SIZE_SPLITS} && {_MICROBATCHES_SPLIT})",
+            message="trainer.training.globalBatchSize must split evenly at every node count "
+            "from elastic.minNodes to maxNodes: data-parallel degree x the micro batch "
+            "(training.microBatchSize, or globalBatchSize / (data-parallel degree at maxNodes "
+            "x gradAccumSteps)) must divide it, and pipelineMicrobatches the micro batch",
+            check=_batch_splits_at_every_size,
+            describe=lambda spec: _batch_problem(spec) or "",
+            field_path=".trainer.training.globalBatchSize",
         ),
     )

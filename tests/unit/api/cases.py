@@ -239,6 +239,36 @@ ELASTIC_CASES: tuple[Invalid, ...] = (
         )
         for degree in ("pipeline", "tensor")
     ),
+    # The global batch must split at every size: with a micro batch of 3 (12 over 4
+    # nodes), 3 nodes take 9; with one of 4, 4 nodes take 16.
+    *(
+        _case(
+            f"elastic-{id}",
+            "spec.trainer.training.globalBatchSize",
+            elastic(2, 4, 3),
+            nested("trainer.training", training),
+            says="every",
+        )
+        for id, training in (
+            ("batch-does-not-split-at-3-nodes", {"globalBatchSize": 12}),
+            ("micro-batch-does-not-split-at-4-nodes", {"globalBatchSize": 24, "microBatchSize": 4}),
+        )
+    ),
+    _case(
+        "elastic-pipeline-microbatches-do-not-split-the-micro-batch",
+        "spec.trainer.training.globalBatchSize",
+        elastic(2, 4, 3),
+        {"processesPerNode": 2},
+        nested(
+            "trainer",
+            {
+                "model": {"layers": 8},
+                "training": {"globalBatchSize": 48, "microBatchSize": 2},
+                "parallel": {"pipeline": 2, "pipelineMicrobatches": 4},
+            },
+        ),
+        says="pipelineMicrobatches",
+    ),
 )
 
 INVALID: tuple[Invalid, ...] = (
@@ -511,6 +541,12 @@ INVALID: tuple[Invalid, ...] = (
         says="gradAccumSteps",
     ),
     _case(
+        "trainer-micro-batch-and-accumulation",
+        "spec.trainer.training",
+        nested("trainer.training", {"microBatchSize": 2, "gradAccumSteps": 2}),
+        says="not both",
+    ),
+    _case(
         "trainer-eval-without-validation-split",
         "spec.trainer",
         nested("trainer.data", {"kind": "char", "path": "in.txt", "valFraction": 0}),
@@ -589,6 +625,22 @@ ELASTIC_ACCEPTED: tuple[tuple[str, Manifest], ...] = (
             {"processesPerNode": 2},
             nested("trainer", {"model": {"layers": 8}, "parallel": {"pipeline": 2}}),
             nested("trainer.training", {"globalBatchSize": 48, "microBatchSize": 2}),
+        ),
+    ),
+    (
+        # 2, 3 and 4 nodes x a micro batch of 2 all divide 24.
+        "elastic-micro-batch-splits-at-every-size",
+        merge(
+            elastic(2, 4, 3),
+            nested("trainer.training", {"globalBatchSize": 24, "microBatchSize": 2}),
+        ),
+    ),
+    (
+        # Without microBatchSize: 4 nodes x 3 accumulation steps give a micro batch of 2.
+        "elastic-batch-splits-at-every-size",
+        merge(
+            elastic(3, 4, 3),
+            nested("trainer.training", {"globalBatchSize": 24, "gradAccumSteps": 3}),
         ),
     ),
     (
