@@ -36,7 +36,15 @@ from torchfleet_operator.build.labels import ROLE_LABEL
 from torchfleet_operator.build.pods import build_pod, pod_name_for_rank
 from torchfleet_operator.config import OperatorConfig
 from torchfleet_operator.observed import Observed, ObservedPod, parse_time, timestamp
-from torchfleet_operator.policy import admission, clean_pod, deadline, success, suspend, ttl
+from torchfleet_operator.policy import (
+    admission,
+    clean_pod,
+    deadline,
+    elastic,
+    success,
+    suspend,
+    ttl,
+)
 from torchfleet_operator.policy.failure import (
     Failure,
     exit_is_retryable,
@@ -64,7 +72,12 @@ REASON_NAME_CONFLICT = "NameConflict"
 # Status keys the time accounting writes.
 TIME_ACCOUNTING, ACCOUNTING_KEYS = goodput.TIME_ACCOUNTING, goodput.STATUS_KEYS
 # Failed reasons that delete every pod whatever cleanPodPolicy says.
-HOLDS_NOTHING = ("DeadlineExceeded", "BackoffLimitExceeded", c.REASON_INVALID_SPEC)
+HOLDS_NOTHING = (
+    "DeadlineExceeded",
+    "BackoffLimitExceeded",
+    elastic.REASON_RESTARTS_EXCEEDED,
+    c.REASON_INVALID_SPEC,
+)
 
 
 @dataclass(frozen=True)
@@ -551,12 +564,18 @@ def _active(
         return _finished(step, spec)
 
     failures = _failures(step, spec, gang, restart)
+    if spec.elastic is not None:
+        failures = _replace_lost_workers(step, spec, gang, failures)
+        if step.status.get("phase") == c.PHASE_FAILED:
+            return _finished(step, spec)
     if failures:
         return _on_failure(step, spec, gang, restart, failures)
 
     # The old generation must be gone before its names are reused.
     step.delete_pods(stale)
-    terminating = [p for p in pods if p.restart < restart or p.deleting]
+    replaced = [p for p in gang if p.deleting and _replaced_alone(spec, p)]
+    _force_delete_on_lost_nodes(step, replaced)
+    terminating = [p for p in pods if p.restart < restart or (p.deleting and p not in replaced)]
     if terminating:
         _waiting(step, restart, _why_waiting(step, terminating))
         return step.finalize()
@@ -575,12 +594,12 @@ def _active(
         # user's error, reported like any other invalid spec.
         step.plan.create = []
         return _invalid(step, f"spec.master/worker.template.spec is not a usable PodSpec: {exc!r}")
-    _phase_from_gang(step, gang, spec.nodes)
+    _phase_from_gang(step, spec, gang)
     step.status = podgroup_status.mirror(
         step.status,
         spec.scheduling.pod_group,
         gang,
-        spec.nodes,
+        podgroup.min_members(spec),
         step.observed.pod_group,
         step.stamp,
     )
@@ -606,6 +625,75 @@ def _start_clock(step: _Pass) -> None:
 def _count(step: _Pass, gang: list[ObservedPod], nodes: int) -> None:
     step.status["replicaStatuses"] = replica_statuses(gang)
     step.status["nodesReady"] = nodes_ready(gang, nodes)
+
+
+# ---- elastic jobs: a lost worker is replaced alone (policy/elastic.py) ----
+
+
+def _replaced_alone(spec: TrainingJobSpec, pod: ObservedPod) -> bool:
+    return spec.elastic is not None and pod.role == names.WORKER_ROLE
+
+
+def _replace_lost_workers(
+    step: _Pass, spec: TrainingJobSpec, gang: list[ObservedPod], failures: list[Failure]
+) -> list[Failure]:
+    """Deletes (to recreate) the workers lost this pass, counted in status.elastic;
+    returns the failures left for the gang (the master's, or not retryable). Past
+    elastic.maxRestarts counted replacements the job fails."""
+    assert spec.elastic is not None
+    shown = step.status.get("elastic")
+    shown = shown if isinstance(shown, dict) else {}
+    decided = elastic.replace_workers(
+        failures,
+        names.master_pod_name(step.name),
+        gang,
+        elastic.still_replacing(_str_map(shown.get("replacing")), gang),
+        _count_of(shown.get("replacements")),
+        _count_of(shown.get("countedReplacements")),
+    )
+    step.status["elastic"] = _elastic_status(spec, gang, decided)
+    limit = spec.elastic.max_restarts
+    counted = [f for f in decided.new if not f.disruption]
+    if decided.counted > limit and counted:
+        before = decided.counted - len(counted)
+        step.finish(
+            c.PHASE_FAILED,
+            elastic.REASON_RESTARTS_EXCEEDED,
+            f"{counted[0].describe()}; elastic.maxRestarts {limit} reached "
+            f"({before} worker replacements counted before)",
+        )
+        return []
+    for failure in decided.new:
+        step.plan.events.append(
+            EventSpec("Warning", "WorkerReplaced", f"replacing it alone: {failure.describe()}")
+        )
+    step.delete_pods([p for p in gang if p.name in {f.pod for f in decided.new}])
+    return decided.gang
+
+
+def _elastic_status(
+    spec: TrainingJobSpec, gang: list[ObservedPod], decided: elastic.Replacements
+) -> dict[str, Any]:
+    status: dict[str, Any] = {
+        "currentNodes": len(_running(gang)),
+        "desiredNodes": spec.nodes,
+        "replacements": decided.replacements,
+        "countedReplacements": decided.counted,
+    }
+    if decided.replacing:
+        status["replacing"] = decided.replacing
+    return status
+
+
+def _str_map(value: Any) -> dict[str, str]:
+    """A status map read without trusting it: only string keys and values."""
+    if not isinstance(value, dict):
+        return {}
+    return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def _count_of(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def _progress(step: _Pass) -> None:
@@ -850,9 +938,9 @@ def _lost_for(step: _Pass, pod: ObservedPod) -> float | None:
     return math.inf if since is None else (step.now - since).total_seconds()
 
 
-def _why_waiting(step: _Pass, terminating: list[ObservedPod]) -> str:
+def _force_delete_on_lost_nodes(step: _Pass, terminating: list[ObservedPod]) -> list[ObservedPod]:
     """Force-deletes terminating pods whose node has been lost past the grace (a
-    dead kubelet never confirms their deletion), and says what the gang waits for."""
+    dead kubelet never confirms their deletion); returns those on lost nodes."""
     grace = step.config.node_loss_force_delete_seconds
     on_lost_nodes = []
     for pod in terminating:
@@ -864,6 +952,13 @@ def _why_waiting(step: _Pass, terminating: list[ObservedPod]) -> str:
             step.plan.delete.append(ChildRef("Pod", pod.name, pod.uid, 0))
         else:
             step.plan.wake_in(grace - lost)
+    return on_lost_nodes
+
+
+def _why_waiting(step: _Pass, terminating: list[ObservedPod]) -> str:
+    """Force-deletes terminating pods on lost nodes, and says what the gang waits for."""
+    grace = step.config.node_loss_force_delete_seconds
+    on_lost_nodes = _force_delete_on_lost_nodes(step, terminating)
     if not on_lost_nodes:
         return "waiting for the previous gang's pods to terminate"
     names = ", ".join(f"{p.name} (node {p.node_name})" for p in on_lost_nodes[:5])
@@ -938,9 +1033,14 @@ def _dry_run_for_new_gang(
     return [pods[1]]
 
 
-def _phase_from_gang(step: _Pass, gang: list[ObservedPod], nodes: int) -> None:
+def _running(gang: list[ObservedPod]) -> list[ObservedPod]:
     # Under AllWorkers a pod that already exited 0 still counts as part of a running gang.
-    running = sum(1 for p in gang if p.phase in ("Running", "Succeeded") and not p.deleting)
+    return [p for p in gang if p.phase in ("Running", "Succeeded") and not p.deleting]
+
+
+def _phase_from_gang(step: _Pass, spec: TrainingJobSpec, gang: list[ObservedPod]) -> None:
+    nodes = spec.nodes
+    running = len(_running(gang))
     created = len({p.name for p in gang} | step.observed.expected_created)
     if created >= nodes:
         step.set_condition(
@@ -950,11 +1050,29 @@ def _phase_from_gang(step: _Pass, gang: list[ObservedPod], nodes: int) -> None:
             f"all {nodes} pods of gang {step.status['restartCount']} exist",
         )
     _scheduling(step, gang)
-    if running == nodes:
-        step.status["phase"] = c.PHASE_RUNNING
-        step.set_condition(
-            c.CONDITION_RUNNING, True, "GangRunning", f"all {nodes} pods are running"
+    if spec.elastic is not None:
+        trains = elastic.runs(
+            _running(gang), names.master_pod_name(step.name), spec.elastic.min_nodes
         )
+        message = (
+            f"{running} of {nodes} pods are running, the master among them "
+            f"(elastic: at least {spec.elastic.min_nodes})"
+        )
+        if not trains and cond.is_true(step.status.get("conditions"), c.CONDITION_RUNNING):
+            # It shrank below minNodes (or lost its master): the agents wait for
+            # enough nodes to rendezvous, nothing trains meanwhile.
+            step.set_condition(
+                c.CONDITION_RUNNING,
+                False,
+                "BelowMinNodes",
+                f"{running} of {nodes} pods are running; an elastic job trains with at least "
+                f"{spec.elastic.min_nodes}, the master among them",
+            )
+    else:
+        trains, message = running == nodes, f"all {nodes} pods are running"
+    if trains:
+        step.status["phase"] = c.PHASE_RUNNING
+        step.set_condition(c.CONDITION_RUNNING, True, "GangRunning", message)
         step.clear_condition(c.CONDITION_RESTARTING, "GangRunning")
     elif step.status.get("phase") not in (c.PHASE_RESTARTING,) or not cond.is_true(
         step.status.get("conditions"), c.CONDITION_RESTARTING

@@ -5,8 +5,9 @@ exercised; a disagreement fails naming the fields each side blamed.
 
 One whole-spec property finds cross-section disagreements; one property per
 spec section draws only that section (the rest minimal), so the rules inside a
-section meet their edge cases often enough to matter; and one property aims at
-the world-size rule, the one rule that spans four sections.
+section meet their edge cases often enough to matter; one property aims at
+the world-size rule, the one rule that spans four sections, and one at the
+elastic rules over the same shapes.
 """
 
 from __future__ import annotations
@@ -192,6 +193,36 @@ WORLD_SIZE_SPECS = st.fixed_dictionaries(
     }
 )
 
+ELASTIC = st.fixed_dictionaries(
+    {"minNodes": st.integers(1, 4), "maxNodes": st.integers(1, 5)},
+    optional={"maxRestarts": st.integers(0, 3)},
+)
+COMMANDS = st.sampled_from(
+    [["torchrun", "train.py"], ["python", "t.py", "--rank=$(RANK)"], ["x", "$(NODE_RANK)"]]
+)
+
+
+def _elastic(
+    shape: dict[str, Any], elastic: dict[str, Any], command: list[str] | None, micro: int | None
+) -> Any:
+    """An elastic spec: the world-size shape with its trainer (and sometimes a
+    micro batch), or with a command instead."""
+    spec = {**shape, "elastic": elastic}
+    if command is not None:
+        del spec["trainer"]
+        spec["command"] = command
+    elif micro is not None:
+        training = spec["trainer"]["training"]
+        spec["trainer"] = {**spec["trainer"], "training": {**training, "microBatchSize": micro}}
+    return spec
+
+
+# The world-size shapes made elastic: bounds around the desired size, micro
+# batches, and commands that do or do not name a per-pod rank.
+ELASTIC_SPECS = st.builds(
+    _elastic, WORLD_SIZE_SPECS, ELASTIC, st.none() | COMMANDS, st.none() | st.integers(1, 4)
+)
+
 
 def _models_verdict(manifest: dict[str, Any]) -> InvalidSpecError | None:
     try:
@@ -267,9 +298,19 @@ def test_trainer_config(trainingjobs: TrainingJobs, property_namespace: str) -> 
     agree()
 
 
-@_settings(SECTION_EXAMPLES)
-@given(spec=WORLD_SIZE_SPECS)
-def test_world_size_rule(
-    spec: dict[str, Any], trainingjobs: TrainingJobs, property_namespace: str
+@pytest.mark.parametrize(
+    ("name", "strategy"),
+    [("tj-world", WORLD_SIZE_SPECS), ("tj-elastic", ELASTIC_SPECS)],
+    ids=["world-size", "elastic"],
+)
+def test_shape_rules(
+    name: str, strategy: Strategy, trainingjobs: TrainingJobs, property_namespace: str
 ) -> None:
-    _check(trainingjobs, property_namespace, "tj-world", spec)
+    """The world-size rules, and the elastic rules over the same shapes."""
+
+    @_settings(SECTION_EXAMPLES)
+    @given(spec=strategy)
+    def agree(spec: dict[str, Any]) -> None:
+        _check(trainingjobs, property_namespace, name, spec)
+
+    agree()

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tests.fixtures.api import TrainingJobs
-from tests.unit.api.cases import INVALID, RICH_POD_SPEC, Invalid, job
+from tests.unit.api.cases import ELASTIC_ACCEPTED, INVALID, RICH_POD_SPEC, Invalid, Manifest, job
 from torchfleet_operator.api import (
     Condition,
     ProgressStatus,
@@ -55,6 +55,14 @@ def test_a_template_using_much_of_pod_spec_is_accepted(
     """The same template the models accept (tests/unit/api/test_models.py)."""
     manifest = job("rich-template", {"worker": {"template": {"spec": RICH_POD_SPEC}}})
     assert trainingjobs.admit(validation_namespace, manifest) is None
+
+
+@pytest.mark.parametrize(("id", "spec"), ELASTIC_ACCEPTED, ids=[id for id, _ in ELASTIC_ACCEPTED])
+def test_an_elastic_spec_within_its_bounds_is_accepted(
+    id: str, spec: Manifest, trainingjobs: TrainingJobs, validation_namespace: str
+) -> None:
+    """The same specs the models accept (tests/unit/api/test_models.py)."""
+    assert trainingjobs.admit(validation_namespace, job(id, spec)) is None
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
@@ -119,6 +127,9 @@ def test_kubectl_explain_reads_the_descriptions(cluster: Any, trainingjob_crd: s
         assert field in out.stdout
     leaf = cluster.kubectl("explain", "tj.spec.runPolicy.restartPolicy").stdout
     assert "128 and above" in leaf
+    elastic = cluster.kubectl("explain", "tj.spec.elastic").stdout
+    for field in ("minNodes", "maxNodes", "maxRestarts", "rendezvous"):
+        assert field in elastic
 
 
 def test_status_from_the_models_is_stored_and_printed(

@@ -47,6 +47,10 @@ PET_MAX_RESTARTS = "PET_MAX_RESTARTS"
 PET_RDZV_CONF = "PET_RDZV_CONF"
 PET_LOCAL_ADDR = "PET_LOCAL_ADDR"
 ELASTIC_RDZV_BACKEND = "c10d"
+# The PET_RDZV_CONF key that says whether this node's agent serves the c10d
+# rendezvous store (1) or dials it (0). Unset, torch guesses by matching the
+# endpoint's host against the node's own names, which a Service name need not match.
+RDZV_IS_HOST = "is_host"
 STATIC_RDZV_BACKEND = "static"
 
 # torch.distributed's env:// rendezvous and common launcher names.

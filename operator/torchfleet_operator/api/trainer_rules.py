@@ -75,7 +75,13 @@ def _training_rules() -> list[dict[str, str]]:
             f"{batch} % {accum} == 0",
             "trainer.training.globalBatchSize must be divisible by gradAccumSteps",
             ".globalBatchSize",
-        )
+        ),
+        _rule(
+            f"!has(self.microBatchSize) || {accum} == 1",
+            "trainer.training.microBatchSize: set either microBatchSize or gradAccumSteps, "
+            "not both",
+            ".microBatchSize",
+        ),
     ]
 
 

@@ -37,6 +37,7 @@ from torchfleet_operator.api.base import (
     section,
     unique_list,
 )
+from torchfleet_operator.api.elastic import elastic_rules
 from torchfleet_operator.api.world import world_size_rules
 from torchfleet_trainer.config import TrainConfig
 
@@ -582,6 +583,46 @@ class SchedulingSpec(ApiModel):
         return c.VOLCANO_SCHEDULER if self.pod_group == "Volcano" else None
 
 
+# ---- elastic training ---------------------------------------------------------------------
+
+
+class ElasticSpec(ApiModel):
+    """Elastic training: the job keeps running between minNodes and maxNodes nodes."""
+
+    min_nodes: int = Field(
+        ge=1,
+        le=1 + c.MAX_WORKERS,
+        description="Fewest nodes (pods) the job trains on. While at least this many of the "
+        "gang run, a lost worker pod is recreated alone and the survivors keep training "
+        "(torchrun's c10d rendezvous re-forms the world); losing the master, which hosts the "
+        "rendezvous, restarts the whole gang. A gang scheduler's PodGroup gets minMember = "
+        "minNodes.",
+    )
+    max_nodes: int = Field(
+        ge=1,
+        le=1 + c.MAX_WORKERS,
+        description="Most nodes the job trains on; the desired size (1 + worker.replicas) "
+        "lies between minNodes and maxNodes.",
+    )
+    max_restarts: int = Field(
+        3,
+        ge=0,
+        le=1000,
+        description="Worker pods the operator may recreate (a failed, evicted or lost worker "
+        "replaced alone) before the job fails with reason ElasticRestartsExceeded; also "
+        "torchrun's --max-restarts (PET_MAX_RESTARTS) for each node's agent.",
+    )
+
+    rules = (
+        Rule(
+            cel="self.minNodes <= self.maxNodes",
+            message="elastic.minNodes must not exceed elastic.maxNodes",
+            check=lambda e: e.min_nodes <= e.max_nodes,
+            field_path=".minNodes",
+        ),
+    )
+
+
 # ---- the spec -----------------------------------------------------------------------------
 
 
@@ -646,6 +687,7 @@ IMMUTABLE_WHILE_RUNNING = (
     "trainer",
     "command",
     "args",
+    "elastic",
 )
 
 
@@ -699,6 +741,14 @@ class TrainingJobSpec(ApiModel):
         ),
     )
     run_policy: RunPolicy = section(RunPolicy, "Restarts, deadlines and clean-up.")
+    elastic: ElasticSpec | None = Field(
+        None,
+        description="Elastic training (torchrun's c10d rendezvous between minNodes and "
+        "maxNodes): a lost worker is replaced alone while the rest keep training; unset: a "
+        "fixed gang, restarted as a whole on any failure. With torchfleet-train the "
+        "data-parallel degree is the elastic one (parallel.dataParallelShard -1) and the "
+        "global batch stays fixed at every size.",
+    )
     scheduling: SchedulingSpec = section(SchedulingSpec, "Scheduler, gang, queue, priority.")
     suspend: bool = Field(
         False,
@@ -751,6 +801,7 @@ class TrainingJobSpec(ApiModel):
             field_path=".command",
         ),
         *world_size_rules(),
+        *elastic_rules(),
         *(_template_scheduler_agrees(role) for role in ("master", "worker")),
         *(_template_grace_agrees(role) for role in ("master", "worker")),
         *(
@@ -783,6 +834,10 @@ class TrainingJobSpec(ApiModel):
     @property
     def world_size(self) -> int:
         return self.nodes * self.resolved_processes_per_node
+
+    @property
+    def is_elastic(self) -> bool:
+        return self.elastic is not None
 
     @property
     def runs_trainer(self) -> bool:
@@ -913,6 +968,31 @@ class TimeAccounting(StatusModel):
     gang: GangAccounting | None = Field(None, description="The current gang's bookkeeping.")
 
 
+class ElasticStatus(StatusModel):
+    """An elastic job's size and its replaced workers."""
+
+    current_nodes: int = Field(0, ge=0, description="Pods of the gang running now.")
+    desired_nodes: int = Field(0, ge=0, description="1 + worker.replicas.")
+    replacements: int = Field(
+        0,
+        ge=0,
+        description="Worker pods recreated alone (failed, evicted, lost with their node, "
+        "deleted) while the rest of the gang kept training.",
+    )
+    counted_replacements: int = Field(
+        0,
+        ge=0,
+        description="Replacements counted toward elastic.maxRestarts: the program's own "
+        "failures (a pod the platform took away is not counted, as with backoffLimit).",
+    )
+    replacing: dict[str, Annotated[str, StringConstraints(max_length=64)]] | None = Field(
+        None,
+        max_length=4096,
+        description="Workers being replaced: pod name to the uid of the pod replaced ('' "
+        "when it was already gone), so that one loss is counted once.",
+    )
+
+
 class TrainingJobStatus(StatusModel):
     """What the operator observed; written only by the operator."""
 
@@ -933,9 +1013,14 @@ class TrainingJobStatus(StatusModel):
     )
     replica_statuses: ReplicaStatuses | None = Field(None, description="Pod counts per role.")
     nodes_ready: Annotated[str, StringConstraints(max_length=32)] | None = Field(
-        None, description="Ready pods / pods in the gang, e.g. 3/4 (one pod per node)."
+        None,
+        description="Ready pods / pods in the gang, e.g. 3/4 (one pod per node); for an "
+        "elastic job the nodes it trains on now / the desired size.",
     )
     restart_count: int = Field(0, ge=0, description="Gang restarts so far.")
+    elastic: ElasticStatus | None = Field(
+        None, description="An elastic job's current and desired nodes and replaced workers."
+    )
     disruptions: int = Field(
         0,
         ge=0,

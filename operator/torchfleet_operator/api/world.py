@@ -31,34 +31,34 @@ from torchfleet_trainer.config import (
 # ---- CEL fragments over the spec --------------------------------------------------------
 
 _GPUS = "(self.resources.gpus > 0 ? self.resources.gpus : 1)"
-_PROCS = f"(type(self.processesPerNode) == int ? self.processesPerNode : {_GPUS})"
-WORLD = f"((1 + self.worker.replicas) * {_PROCS})"
+PROCS = f"(type(self.processesPerNode) == int ? self.processesPerNode : {_GPUS})"
+WORLD = f"((1 + self.worker.replicas) * {PROCS})"
 
 _PARALLEL = "self.trainer.?parallel"
-_REPLICATE = or_default(_PARALLEL, ParallelConfig, "data_parallel_replicate")
+REPLICATE = or_default(_PARALLEL, ParallelConfig, "data_parallel_replicate")
 _TENSOR = or_default(_PARALLEL, ParallelConfig, "tensor")
-_PIPELINE = or_default(_PARALLEL, ParallelConfig, "pipeline")
-_SHARD = or_default(_PARALLEL, ParallelConfig, "data_parallel_shard")
-_FIXED = f"({_REPLICATE} * {_TENSOR} * {_PIPELINE})"
-_FITS = f"({_SHARD} == -1 ? {WORLD} % {_FIXED} == 0 : {_FIXED} * {_SHARD} == {WORLD})"
-_DP = f"({_REPLICATE} * ({_SHARD} == -1 ? {WORLD} / {_FIXED} : {_SHARD}))"
+PIPELINE = or_default(_PARALLEL, ParallelConfig, "pipeline")
+SHARD = or_default(_PARALLEL, ParallelConfig, "data_parallel_shard")
+FIXED = f"({REPLICATE} * {_TENSOR} * {PIPELINE})"
+_FITS = f"({SHARD} == -1 ? {WORLD} % {FIXED} == 0 : {FIXED} * {SHARD} == {WORLD})"
+_DP = f"({REPLICATE} * ({SHARD} == -1 ? {WORLD} / {FIXED} : {SHARD}))"
 
-_TRAINING = "self.trainer.?training"
-_BATCH = or_default(_TRAINING, TrainingConfig, "global_batch_size")
-_MICRO_STEPS = f"({_DP} * {or_default(_TRAINING, TrainingConfig, 'grad_accum_steps')})"
+TRAINING = "self.trainer.?training"
+BATCH = or_default(TRAINING, TrainingConfig, "global_batch_size")
+_MICRO_STEPS = f"({_DP} * {or_default(TRAINING, TrainingConfig, 'grad_accum_steps')})"
 _STAGES_PER_RANK = (
     f"({or_default(_PARALLEL, ParallelConfig, 'pipeline_schedule')} == 'interleaved_1f1b' ? "
     f"{or_default(_PARALLEL, ParallelConfig, 'stages_per_rank')} : 1)"
 )
-_MICROBATCHES = f"{_PARALLEL}.?pipelineMicrobatches.orValue({_PIPELINE} * {_STAGES_PER_RANK})"
+MICROBATCHES = f"{_PARALLEL}.?pipelineMicrobatches.orValue({PIPELINE} * {_STAGES_PER_RANK})"
 _SEQ_LEN = or_default("self.trainer.?data", DataConfig, "seq_len")
 _SEQUENCE_PARALLEL = or_default(_PARALLEL, ParallelConfig, "sequence_parallel")
 
 # format(), not '+': the cost estimator prices string concatenation as unbounded.
 _DEGREES_MESSAGE = (
     "'trainer.parallel: dataParallelReplicate x tensor x pipeline = %d%s the world size %d "
-    f"(nodes x processesPerNode)'.format([{_FIXED}, {_SHARD} == -1 ? ' does not divide' : "
-    f"' x dataParallelShard %d does not equal'.format([{_SHARD}]), {WORLD}])"
+    f"(nodes x processesPerNode)'.format([{FIXED}, {SHARD} == -1 ? ' does not divide' : "
+    f"' x dataParallelShard %d does not equal'.format([{SHARD}]), {WORLD}])"
 )
 
 
@@ -144,7 +144,7 @@ def world_size_rules() -> tuple[Rule, ...]:
             field_path=".trainer.parallel",
         ),
         Rule(
-            cel=_when_degrees_fit(f"{_BATCH} % {_MICRO_STEPS} == 0"),
+            cel=_when_degrees_fit(f"{BATCH} % {_MICRO_STEPS} == 0"),
             message="trainer.training.globalBatchSize must be divisible by the data-parallel "
             "degree x gradAccumSteps",
             check=_once_degrees_fit(_batch_splits),
@@ -152,8 +152,8 @@ def world_size_rules() -> tuple[Rule, ...]:
         ),
         Rule(
             cel=_when_degrees_fit(
-                f"{_PIPELINE} == 1 || {_BATCH} % {_MICRO_STEPS} != 0 || "
-                f"({_BATCH} / {_MICRO_STEPS}) % {_MICROBATCHES} == 0"
+                f"{PIPELINE} == 1 || {BATCH} % {_MICRO_STEPS} != 0 || "
+                f"({BATCH} / {_MICRO_STEPS}) % {MICROBATCHES} == 0"
             ),
             message="trainer.parallel.pipelineMicrobatches must divide each rank's share of "
             "globalBatchSize (globalBatchSize / (data-parallel degree x gradAccumSteps))",

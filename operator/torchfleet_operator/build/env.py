@@ -15,16 +15,47 @@ from typing import Any
 from torchfleet_operator.api.v1alpha1 import NetworkSpec, TrainingJobSpec
 from torchfleet_operator.build import names
 from torchfleet_trainer import contract
-from torchfleet_trainer.contract import PodContract
+from torchfleet_trainer.contract import ElasticRendezvous, PodContract
+
+# A fixed gang's pods carry their node rank; an elastic pod has none (each
+# rendezvous round numbers the nodes that joined it), so a recreated worker's pod
+# is the same whichever survivors remain.
+_NODE_RANK_VARIABLES = (contract.PET_NODE_RANK, contract.NODE_RANK)
+
+
+def elastic_rendezvous(
+    job: str, namespace: str, uid: str, spec: TrainingJobSpec, node_rank: int, restart: int
+) -> ElasticRendezvous | None:
+    """torchrun's c10d rendezvous for an elastic job's pod; None for a fixed gang.
+
+    The master's agent serves the store on the gang generation's rendezvous port
+    (``is_host=1``; losing it restarts the gang). The id is the job's and
+    changes only with a gang restart, so a recreated worker joins the running
+    rendezvous and a stale agent of an older gang cannot."""
+    if spec.elastic is None:
+        return None
+    endpoint = f"{names.master_address(job, namespace)}:{contract.rendezvous_port(restart)}"
+    pod = names.pod_name_for_rank(job, node_rank)
+    return ElasticRendezvous(
+        min_nodes=spec.elastic.min_nodes,
+        max_nodes=spec.elastic.max_nodes,
+        endpoint=endpoint,
+        run_id=f"{uid or job}-{restart}",
+        max_restarts=spec.elastic.max_restarts,
+        conf=f"{contract.RDZV_IS_HOST}={int(node_rank == 0)}",
+        local_addr=names.pod_address(job, namespace, pod),
+    )
 
 
 def contract_env(
-    job: str, namespace: str, spec: TrainingJobSpec, node_rank: int, restart: int
+    job: str, namespace: str, uid: str, spec: TrainingJobSpec, node_rank: int, restart: int
 ) -> dict[str, str]:
     """torchrun's PET_*, MASTER_*, NNODES/NODE_RANK, per-process ranks when 1 per pod,
-    checkpoint cadence and the trainer config."""
+    checkpoint cadence and the trainer config; an elastic pod's rendezvous instead
+    of node and process ranks."""
     checkpoint = spec.checkpoint
-    return PodContract(
+    elastic = elastic_rendezvous(job, namespace, uid, spec, node_rank, restart)
+    env = PodContract(
         job_name=job,
         namespace=namespace,
         master_addr=names.master_address(job, namespace),
@@ -38,7 +69,12 @@ def contract_env(
         checkpoint_keep=checkpoint.keep_last if checkpoint else None,
         metrics_port=contract.DEFAULT_METRICS_PORT,
         train_config=trainer_config(spec),
+        elastic=elastic,
     ).to_env()
+    if elastic is not None:
+        for name in _NODE_RANK_VARIABLES:
+            env.pop(name)
+    return env
 
 
 def trainer_config(spec: TrainingJobSpec) -> str | None:
@@ -107,9 +143,9 @@ def network_env(network: NetworkSpec) -> dict[str, str]:
 
 
 def pod_env(
-    job: str, namespace: str, spec: TrainingJobSpec, node_rank: int, restart: int
+    job: str, namespace: str, uid: str, spec: TrainingJobSpec, node_rank: int, restart: int
 ) -> dict[str, str]:
     return {
-        **contract_env(job, namespace, spec, node_rank, restart),
+        **contract_env(job, namespace, uid, spec, node_rank, restart),
         **network_env(spec.network),
     }

@@ -29,6 +29,13 @@ def worker_pod_name(job: str, index: int) -> str:
     return pod_name(job, WORKER_ROLE, index)
 
 
+def pod_name_for_rank(job: str, node_rank: int) -> str:
+    """Rank 0 is the master; workers are numbered from 0 (rank 1 = worker-0)."""
+    if node_rank == 0:
+        return master_pod_name(job)
+    return worker_pod_name(job, node_rank - 1)
+
+
 def service_name(job: str) -> str:
     return job
 
@@ -41,9 +48,13 @@ def podgroup_name(job: str) -> str:
     return job
 
 
+def pod_address(job: str, namespace: str, pod: str) -> str:
+    """A pod's stable DNS name through the job's headless service."""
+    return f"{pod}.{service_name(job)}.{namespace}.svc"
+
+
 def master_address(job: str, namespace: str) -> str:
-    """The master pod's stable DNS name through the headless service."""
-    return f"{master_pod_name(job)}.{service_name(job)}.{namespace}.svc"
+    return pod_address(job, namespace, master_pod_name(job))
 
 
 def name_problem(job: str, workers: int) -> str | None:

@@ -3,7 +3,8 @@
 The PodGroup asks for the whole gang: ``minMember`` = every pod and
 ``minResources`` = the sum of every pod's requests (GPUs, RDMA, CPU, memory,
 sidecars included), so the gang scheduler can refuse a gang that cannot fit
-before it binds any pod of it.
+before it binds any pod of it. An elastic job's gang is its minNodes: it
+trains with that many, so the scheduler binds them without waiting for the rest.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def pod_group(job: str, namespace: str, uid: str, spec: TrainingJobSpec) -> dict
     kind = spec.scheduling.pod_group
     if kind == "None":
         return None
-    body: dict[str, Any] = {"minMember": spec.nodes}
+    body: dict[str, Any] = {"minMember": min_members(spec)}
     min_resources = gang_requests(spec)
     if min_resources:
         body["minResources"] = min_resources
@@ -63,6 +64,11 @@ def pod_group(job: str, namespace: str, uid: str, spec: TrainingJobSpec) -> dict
     }
 
 
+def min_members(spec: TrainingJobSpec) -> int:
+    """Pods that must be scheduled together: every pod, or an elastic job's minNodes."""
+    return spec.elastic.min_nodes if spec.elastic is not None else spec.nodes
+
+
 def pod_membership(job: str, spec: TrainingJobSpec) -> tuple[dict[str, str], dict[str, str]]:
     """(labels, annotations) that put a pod into the job's PodGroup."""
     kind = spec.scheduling.pod_group
@@ -77,11 +83,12 @@ def pod_membership(job: str, spec: TrainingJobSpec) -> tuple[dict[str, str], dic
 
 
 def gang_requests(spec: TrainingJobSpec) -> dict[str, str]:
-    """Every pod's requests added up: the master plus ``replicas`` workers."""
+    """The gang's requests added up: the master plus its workers (min_members - 1)."""
     total = _pod_requests(spec, master=True)
     worker = _pod_requests(spec, master=False)
+    workers = min_members(spec) - 1
     for name, amount in worker.items():
-        total[name] = total.get(name, Fraction(0)) + amount * spec.worker.replicas
+        total[name] = total.get(name, Fraction(0)) + amount * workers
     return {name: format_quantity(amount) for name, amount in sorted(total.items()) if amount}
 
 

@@ -17,6 +17,7 @@ from torchfleet_operator.api.constants import (
 from torchfleet_operator.api.v1alpha1 import PodTemplate, TrainingJobSpec
 from torchfleet_operator.build import env as pod_env
 from torchfleet_operator.build import labels, names, podgroup, security
+from torchfleet_operator.build.names import pod_name_for_rank
 from torchfleet_trainer import contract
 
 SHM_VOLUME = "dshm"
@@ -30,13 +31,6 @@ CHECKPOINT_FS_GROUP = 1000
 
 def role_of(node_rank: int) -> str:
     return names.MASTER_ROLE if node_rank == 0 else names.WORKER_ROLE
-
-
-def pod_name_for_rank(job: str, node_rank: int) -> str:
-    """Rank 0 is the master; workers are numbered from 0 (rank 1 = worker-0)."""
-    if node_rank == 0:
-        return names.master_pod_name(job)
-    return names.worker_pod_name(job, node_rank - 1)
 
 
 def template_for(spec: TrainingJobSpec, node_rank: int) -> PodTemplate | None:
@@ -62,13 +56,14 @@ def container_resources(spec: TrainingJobSpec) -> dict[str, Any]:
 def _trainer_container(
     job: str,
     namespace: str,
+    uid: str,
     spec: TrainingJobSpec,
     node_rank: int,
     restart: int,
     image: str,
     template_image: str | None = None,
 ) -> dict[str, Any]:
-    env = pod_env.pod_env(job, namespace, spec, node_rank, restart)
+    env = pod_env.pod_env(job, namespace, uid, spec, node_rank, restart)
     container: dict[str, Any] = {
         "name": TRAINER_CONTAINER_NAME,
         "image": spec.image or image,
@@ -210,7 +205,7 @@ def build_pod(
         (c for c in containers if c.get("name") == TRAINER_CONTAINER_NAME), {}
     )
     ours = _trainer_container(
-        job, namespace, spec, node_rank, restart, default_image, theirs.get("image")
+        job, namespace, uid, spec, node_rank, restart, default_image, theirs.get("image")
     )
     sidecars = [c for c in containers if c.get("name") != TRAINER_CONTAINER_NAME]
 

@@ -188,6 +188,89 @@ TEMPLATE_CASES: tuple[Invalid, ...] = (
     ),
 )
 
+
+def elastic(min_nodes: int, max_nodes: int, workers: int, **fields: Any) -> Manifest:
+    """A 1 + ``workers`` job elastic between ``min_nodes`` and ``max_nodes``."""
+    spec = {"minNodes": min_nodes, "maxNodes": max_nodes, **fields}
+    return merge(nested("worker.replicas", workers), {"elastic": spec})
+
+
+# spec.elastic: bounds, the desired size, and layouts that cannot follow every size.
+ELASTIC_CASES: tuple[Invalid, ...] = (
+    _case("elastic-min-zero", "spec.elastic.minNodes", elastic(0, 4, 3)),
+    _case("elastic-min-above-max", "spec.elastic.minNodes", elastic(3, 2, 1), says="maxNodes"),
+    _case("elastic-max-beyond-workers", "spec.elastic.maxNodes", elastic(1, 4097, 3)),
+    _case("elastic-max-missing", "spec.elastic.maxNodes", nested("elastic.minNodes", 1)),
+    _case(
+        "elastic-restarts-negative", "spec.elastic.maxRestarts", elastic(1, 4, 3, maxRestarts=-1)
+    ),
+    _case("elastic-size-below-min", "spec.worker.replicas", elastic(3, 4, 1), says="minNodes"),
+    _case("elastic-size-above-max", "spec.worker.replicas", elastic(1, 2, 3), says="maxNodes"),
+    _case(
+        "elastic-command-names-node-rank",
+        "spec.command",
+        elastic(2, 4, 3),
+        {"command": ["torchrun", "--node-rank=$(NODE_RANK)", "train.py"]},
+        says="rendezvous round",
+    ),
+    _case(
+        "elastic-args-name-rank-with-one-process",
+        "spec.command",
+        elastic(2, 4, 3),
+        {"processesPerNode": 1, "command": ["python"], "args": ["train.py", "--rank=$(RANK)"]},
+        says="rendezvous round",
+    ),
+    _case(
+        "elastic-fixed-shard",
+        "spec.trainer.parallel.dataParallelShard",
+        elastic(2, 4, 3),
+        nested("trainer.parallel.dataParallelShard", 4),
+        says="follows the nodes",
+    ),
+    # 4 nodes x 2 processes split into 4 stages (or tensor shards), but 3 nodes' 6 do not.
+    *(
+        _case(
+            f"elastic-{degree}-across-nodes",
+            "spec.trainer.parallel",
+            elastic(2, 4, 3),
+            {"processesPerNode": 2},
+            nested("trainer", {"model": {"layers": 8, "heads": 8}, "parallel": {degree: 4}}),
+            says="divide processesPerNode",
+        )
+        for degree in ("pipeline", "tensor")
+    ),
+    # The global batch must split at every size: with a micro batch of 3 (12 over 4
+    # nodes), 3 nodes take 9; with one of 4, 4 nodes take 16.
+    *(
+        _case(
+            f"elastic-{id}",
+            "spec.trainer.training.globalBatchSize",
+            elastic(2, 4, 3),
+            nested("trainer.training", training),
+            says="every",
+        )
+        for id, training in (
+            ("batch-does-not-split-at-3-nodes", {"globalBatchSize": 12}),
+            ("micro-batch-does-not-split-at-4-nodes", {"globalBatchSize": 24, "microBatchSize": 4}),
+        )
+    ),
+    _case(
+        "elastic-pipeline-microbatches-do-not-split-the-micro-batch",
+        "spec.trainer.training.globalBatchSize",
+        elastic(2, 4, 3),
+        {"processesPerNode": 2},
+        nested(
+            "trainer",
+            {
+                "model": {"layers": 8},
+                "training": {"globalBatchSize": 48, "microBatchSize": 2},
+                "parallel": {"pipeline": 2, "pipelineMicrobatches": 4},
+            },
+        ),
+        says="pipelineMicrobatches",
+    ),
+)
+
 INVALID: tuple[Invalid, ...] = (
     *TEMPLATE_CASES,
     _case("master-replicas-2", "spec.master.replicas", nested("master.replicas", 2)),
@@ -458,6 +541,12 @@ INVALID: tuple[Invalid, ...] = (
         says="gradAccumSteps",
     ),
     _case(
+        "trainer-micro-batch-and-accumulation",
+        "spec.trainer.training",
+        nested("trainer.training", {"microBatchSize": 2, "gradAccumSteps": 2}),
+        says="not both",
+    ),
+    _case(
         "trainer-eval-without-validation-split",
         "spec.trainer",
         nested("trainer.data", {"kind": "char", "path": "in.txt", "valFraction": 0}),
@@ -516,6 +605,51 @@ INVALID: tuple[Invalid, ...] = (
         nested("worker.replicas", 1),
         nested("trainer", {"data": {"seqLen": 255}, "parallel": {"tensor": 2}}),
     ),
+    *ELASTIC_CASES,
     _case("name-too-long", "metadata.name", {}, name="j" * 49),
     _case("name-starts-with-digit", "metadata.name", {}, name="9lives"),
+)
+
+
+# Elastic specs both sides accept: each a (id, spec) pair.
+ELASTIC_ACCEPTED: tuple[tuple[str, Manifest], ...] = (
+    ("elastic-at-max", elastic(2, 4, 3)),
+    ("elastic-at-min", elastic(2, 4, 1, maxRestarts=0)),
+    ("elastic-one-size", elastic(3, 3, 2, maxRestarts=1000)),
+    ("elastic-from-one-node", elastic(1, 4096, 0)),
+    (
+        # Pipeline within a node: every node count keeps whole stages.
+        "elastic-pipeline-within-a-node",
+        merge(
+            elastic(2, 4, 3),
+            {"processesPerNode": 2},
+            nested("trainer", {"model": {"layers": 8}, "parallel": {"pipeline": 2}}),
+            nested("trainer.training", {"globalBatchSize": 48, "microBatchSize": 2}),
+        ),
+    ),
+    (
+        # 2, 3 and 4 nodes x a micro batch of 2 all divide 24.
+        "elastic-micro-batch-splits-at-every-size",
+        merge(
+            elastic(2, 4, 3),
+            nested("trainer.training", {"globalBatchSize": 24, "microBatchSize": 2}),
+        ),
+    ),
+    (
+        # Without microBatchSize: 4 nodes x 3 accumulation steps give a micro batch of 2.
+        "elastic-batch-splits-at-every-size",
+        merge(
+            elastic(3, 4, 3),
+            nested("trainer.training", {"globalBatchSize": 24, "gradAccumSteps": 3}),
+        ),
+    ),
+    (
+        # One size only: a fixed shard is fine, as in a fixed gang.
+        "elastic-one-size-fixed-shard",
+        merge(elastic(2, 2, 1), nested("trainer.parallel.dataParallelShard", 2)),
+    ),
+    (
+        "elastic-torchrun-with-node-count",
+        merge(elastic(2, 4, 3), {"command": ["torchrun", "--nnodes=$(PET_NNODES)", "t.py"]}),
+    ),
 )

@@ -12,7 +12,15 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.unit.api.cases import INVALID, RICH_POD_SPEC, Invalid, job, nested
+from tests.unit.api.cases import (
+    ELASTIC_ACCEPTED,
+    INVALID,
+    RICH_POD_SPEC,
+    Invalid,
+    Manifest,
+    job,
+    nested,
+)
 from torchfleet_operator.api import (
     InvalidSpecError,
     TrainingJobSpec,
@@ -219,3 +227,15 @@ def test_a_template_scheduler_that_agrees_is_accepted(
         "worker": {"replicas": 1, "template": {"spec": {"schedulerName": template_scheduler}}},
     }
     parse_training_job(job("tj-ok", spec))
+
+
+@pytest.mark.parametrize(("id", "spec"), ELASTIC_ACCEPTED, ids=[id for id, _ in ELASTIC_ACCEPTED])
+def test_an_elastic_spec_within_its_bounds_is_accepted(id: str, spec: Manifest) -> None:
+    parsed = parse_training_job(job("tj-elastic", spec)).spec
+    assert parsed.elastic is not None
+    assert parsed.elastic.min_nodes <= parsed.nodes <= parsed.elastic.max_nodes
+
+
+def test_elastic_max_restarts_defaults_to_three() -> None:
+    spec = parse_spec({"elastic": {"minNodes": 1, "maxNodes": 1}})
+    assert spec.elastic is not None and spec.elastic.max_restarts == 3

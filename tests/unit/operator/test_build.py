@@ -552,3 +552,73 @@ def test_gang_pods_name_their_scheduler_and_group(kind, scheduler):
         assert pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == "llm"
     else:
         assert pod["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == "llm"
+
+
+# ---- elastic jobs ------------------------------------------------------------------
+
+ELASTIC = {"elastic": {"minNodes": 2, "maxNodes": 4, "maxRestarts": 5}, "worker": {"replicas": 3}}
+MASTER_DNS = "llm-master-0.llm.team.svc"
+
+
+@pytest.mark.parametrize(
+    ("rank", "restart", "is_host", "local_addr", "port"),
+    [
+        (0, 0, "1", MASTER_DNS, 29500),
+        (1, 0, "0", "llm-worker-0.llm.team.svc", 29500),
+        (3, 0, "0", "llm-worker-2.llm.team.svc", 29500),
+        # A gang restart: a new rendezvous id and port, so an older gang's agent cannot join.
+        (2, 3, "0", "llm-worker-1.llm.team.svc", 29503),
+    ],
+)
+def test_an_elastic_pod_gets_torchruns_rendezvous_and_no_rank(
+    rank, restart, is_host, local_addr, port
+):
+    env = env_of(render(ELASTIC, rank=rank, restart=restart))
+    assert env["PET_NNODES"] == "2:4"
+    assert env["PET_RDZV_BACKEND"] == "c10d"
+    assert env["PET_RDZV_ENDPOINT"] == f"{MASTER_DNS}:{port}"
+    assert env["PET_RDZV_ID"] == f"uid-1-{restart}"  # the job's, for this gang generation
+    assert env["PET_MAX_RESTARTS"] == "5"
+    assert env["PET_RDZV_CONF"] == f"is_host={is_host}"
+    assert env["PET_LOCAL_ADDR"] == local_addr
+    # Ranks come from each rendezvous round, never from the pod.
+    assert not {"PET_NODE_RANK", "NODE_RANK", "RANK", "WORLD_SIZE", "LOCAL_RANK"} & set(env)
+    # What the trainer's launcher reads back.
+    elastic = PodContract.from_env(env).elastic
+    assert elastic is not None and elastic.node_counts == range(2, 5)
+    assert (elastic.endpoint, elastic.local_addr) == (f"{MASTER_DNS}:{port}", local_addr)
+
+
+def test_elastic_workers_differ_only_in_their_names():
+    """A recreated worker's pod is the same whichever survivors remain: no rank in it."""
+    first, last = (env_of(render(ELASTIC, rank=rank)) for rank in (1, 3))
+    differing = {name for name in first.keys() | last.keys() if first.get(name) != last.get(name)}
+    assert differing == {"PET_LOCAL_ADDR"}
+
+
+def test_a_fixed_gang_gets_no_elastic_variables():
+    env = env_of(render({"worker": {"replicas": 3}}, rank=1))
+    assert env["PET_NODE_RANK"] == "1" and env["PET_RDZV_ID"] == "llm-gen0"
+    assert not {"PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_RDZV_CONF", "PET_LOCAL_ADDR"} & set(
+        env
+    )
+
+
+@pytest.mark.parametrize(
+    ("elastic", "members", "gpus"),
+    [
+        (None, 4, "32"),
+        ({"minNodes": 2, "maxNodes": 4}, 2, "16"),
+        ({"minNodes": 4, "maxNodes": 6}, 4, "32"),
+    ],
+)
+def test_an_elastic_pod_group_asks_for_min_nodes(elastic, members, gpus):
+    spec = {"resources": {"gpus": 8}, "scheduling": {"podGroup": "Coscheduling"}}
+    if elastic is not None:
+        spec["elastic"] = elastic
+    group = podgroup.pod_group(
+        "llm", "team", "uid-1", TrainingJob.model_validate(job(workers=3, **spec)).spec
+    )
+    assert group is not None
+    assert group["spec"]["minMember"] == members
+    assert group["spec"]["minResources"]["nvidia.com/gpu"] == gpus

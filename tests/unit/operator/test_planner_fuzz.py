@@ -8,7 +8,7 @@ random. Properties, for every draw:
 - ``plan`` returns (never raises);
 - every child it creates is in the job's namespace, controlled by the job;
 - it never plans more pods than the spec's nodes, and none for a spec it
-  cannot parse;
+  cannot parse (elastic jobs, and junk in their status, included);
 - it is idempotent: replanning the executed result at the same instant
   repeats no create or delete, and converges (nothing left to do, the same
   status) within a few passes.
@@ -73,6 +73,10 @@ def specs(draw: st.DrawFn) -> dict[str, Any]:
         spec["checkpoint"] = {"claimTemplate": {"size": "1Gi"}}
     if draw(st.booleans()):
         spec["scheduling"] = {"podGroup": draw(st.sampled_from(["None", "Coscheduling"]))}
+    if draw(st.booleans()):  # elastic, its bounds sometimes missing the desired size
+        low = draw(st.integers(1, 7))
+        high = draw(st.integers(low, 8))
+        spec["elastic"] = {"minNodes": low, "maxNodes": high, "maxRestarts": draw(small)}
     if draw(st.integers(0, 4)) == 0:  # junk in one place of an otherwise valid spec
         spec[draw(st.sampled_from(["worker", "runPolicy", "master", "futureField"]))] = draw(junk)
     return spec
@@ -156,6 +160,20 @@ statuses = st.one_of(
                 ["Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "?"]
             ),
             "restartCount": st.integers(0, 9),
+            "elastic": st.fixed_dictionaries(
+                {},
+                optional={
+                    "replacements": st.integers(0, 9) | junk,
+                    "countedReplacements": st.integers(0, 9) | junk,
+                    "replacing": st.dictionaries(
+                        st.sampled_from([f"{JOB}-worker-{i}" for i in range(3)]),
+                        st.sampled_from(["", f"{JOB}-uid"]) | junk,
+                        max_size=2,
+                    )
+                    | junk,
+                },
+            )
+            | junk,
             "startTime": timestamps,
             "completionTime": timestamps,
             "observedGeneration": st.integers(0, 2),
@@ -239,6 +257,8 @@ def test_the_planner_survives_anything_and_stays_inside_its_job(
     event(f"phase {first.status.get('phase')}")
     event("creates pods" if new_pods else "creates no pod")
     event("deletes pods" if first.delete else "deletes no pod")
+    if any(e.reason == "WorkerReplaced" for e in first.events):
+        event("replaces an elastic worker")
 
     # Replanned at the same instant over what was executed, it converges: no
     # create or delete is ever repeated, and within a few passes (a gang
