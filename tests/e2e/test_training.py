@@ -10,6 +10,7 @@ serves (its HTTP API, and its page rendered by headless Chromium).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import json
@@ -135,22 +136,30 @@ def write_corpus(cluster: Any, namespace: str, agent: NodeAgent) -> None:
     apply_objects(cluster, namespace, claim)
 
 
-@pytest.fixture(scope="module")
-def shakespeare(cluster, node_agent, e2e_operator, prometheus) -> Iterator[ShakespeareRun]:
-    namespace = f"e2e-shakespeare-{uuid.uuid4().hex[:6]}"
+@contextlib.contextmanager
+def corpus_namespace(cluster: Any, agent: NodeAgent, operator: Any, prefix: str) -> Iterator[str]:
+    """A fresh namespace holding the corpus claim, deleted afterwards; a failed
+    assertion inside carries the pods', operator's and trainers' state."""
+    namespace = f"{prefix}-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("create", "namespace", namespace)
-    write_corpus(cluster, namespace, node_agent)
-    job_manifest = copy.deepcopy(SHAKESPEARE)
-    name = job_manifest["metadata"]["name"]
-    apply_objects(cluster, namespace, job_manifest)
     try:
-        yield _run_with_a_killed_worker(cluster, namespace, name, node_agent)
+        write_corpus(cluster, namespace, agent)
+        yield namespace
     except AssertionError as error:
         raise AssertionError(
-            f"{error}\n{failure_report(cluster, namespace, node_agent, e2e_operator)}"
+            f"{error}\n{failure_report(cluster, namespace, agent, operator)}"
         ) from None
     finally:
         cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def shakespeare(cluster, node_agent, e2e_operator, prometheus) -> Iterator[ShakespeareRun]:
+    with corpus_namespace(cluster, node_agent, e2e_operator, "e2e-shakespeare") as namespace:
+        job_manifest = copy.deepcopy(SHAKESPEARE)
+        name = job_manifest["metadata"]["name"]
+        apply_objects(cluster, namespace, job_manifest)
+        yield _run_with_a_killed_worker(cluster, namespace, name, node_agent)
 
 
 def _run_with_a_killed_worker(
