@@ -116,13 +116,22 @@ def start_blockers(cluster: Any, job_driver: Any, pool: GangPool, namespace: str
     return names
 
 
-def scheduled_by(job_driver: Any, namespace: str, pod: str) -> set[str]:
-    """Who reported binding ``pod`` (the Scheduled events' reporting component)."""
-    return {
-        e.get("reportingComponent") or (e.get("source") or {}).get("component", "")
-        for e in job_driver.events(namespace, pod)
-        if e["reason"] == "Scheduled"
-    }
+def scheduled_by(job_driver: Any, namespace: str, pod: dict[str, Any]) -> set[str]:
+    """Who reported binding ``pod`` (its Scheduled events' reporting component).
+
+    A scheduler posts the event after the binding, through its own broadcaster,
+    so it can land after the pod is seen bound: waited for. Only this pod's
+    (by uid): an earlier pod of the same name has events of its own."""
+    name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
+
+    def reporters() -> set[str]:
+        return {
+            e.get("reportingComponent") or (e.get("source") or {}).get("component", "")
+            for e in job_driver.events(namespace, name)
+            if e["reason"] == "Scheduled" and (e.get("involvedObject") or {}).get("uid") == uid
+        }
+
+    return set(job_driver.wait_for(f"a Scheduled event for {name} ({uid})", reporters, 30))
 
 
 # ---- 1. all or nothing ------------------------------------------------------
@@ -150,9 +159,7 @@ def test_gang_binds_no_pod_until_all_fit_then_all_together(
     pods = wait_gang_placed(job_driver, namespace, "gang")
     assert len({p["spec"]["nodeName"] for p in pods}) == 3
     for pod in pods:
-        assert scheduled_by(job_driver, namespace, pod["metadata"]["name"]) == {
-            SCHEDULER_NAME[kind]
-        }
+        assert scheduled_by(job_driver, namespace, pod) == {SCHEDULER_NAME[kind]}
 
 
 # ---- 2. no deadlock between two gangs ---------------------------------------------
@@ -229,7 +236,7 @@ def test_gang_restart_is_scheduled_as_a_whole_again(
     assert job_driver.status(namespace, "gang")["restartCount"] == 1
     for pod in pods:
         assert pod["spec"]["schedulerName"] == SCHEDULER_NAME[kind]
-        reporters = scheduled_by(job_driver, namespace, pod["metadata"]["name"])
+        reporters = scheduled_by(job_driver, namespace, pod)
         assert reporters == {SCHEDULER_NAME[kind]}, reporters
 
 
