@@ -119,11 +119,12 @@ def test_elastic_pod_env_is_what_a_plain_torchrun_reads() -> None:
     assert env["PET_RDZV_ID"] == "llama"  # the job's, not one gang generation's
     assert env["PET_MAX_RESTARTS"] == "3"
     # Ranks come from each rendezvous round, even with one process per pod.
-    assert not {"RANK", "WORLD_SIZE", "LOCAL_RANK"} & set(env)
+    assert not {"RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK", "PET_NODE_RANK"} & set(env)
 
 
 def test_elastic_contract_round_trips_through_env() -> None:
-    original = make(elastic=elastic(conf="last_call_timeout=2", local_addr="10.0.0.7"))
+    # No node rank crosses (each round assigns them): read back, it is 0.
+    original = make(node_rank=0, elastic=elastic(conf="last_call_timeout=2", local_addr="10.0.0.7"))
     assert PodContract.from_env(original.to_env()) == original
     assert make().elastic is None and PodContract.from_env(make().to_env()).elastic is None
 

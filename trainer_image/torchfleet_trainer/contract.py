@@ -273,6 +273,9 @@ class PodContract:
         }
         env.update({name: str(value) for name, value in optional.items() if value})
         if self.elastic is not None:
+            # Each rendezvous round numbers the nodes that joined it: a pod has
+            # no node rank, so a recreated worker's pod is the same whoever survives.
+            del env[PET_NODE_RANK], env[NODE_RANK]
             env.update(self.elastic.to_env())
         ranks = self.ranks
         if ranks is not None:

@@ -17,11 +17,6 @@ from torchfleet_operator.build import names
 from torchfleet_trainer import contract
 from torchfleet_trainer.contract import ElasticRendezvous, PodContract
 
-# A fixed gang's pods carry their node rank; an elastic pod has none (each
-# rendezvous round numbers the nodes that joined it), so a recreated worker's pod
-# is the same whichever survivors remain.
-_NODE_RANK_VARIABLES = (contract.PET_NODE_RANK, contract.NODE_RANK)
-
 
 def elastic_rendezvous(
     job: str, namespace: str, uid: str, spec: TrainingJobSpec, node_rank: int, restart: int
@@ -55,7 +50,7 @@ def contract_env(
     of node and process ranks."""
     checkpoint = spec.checkpoint
     elastic = elastic_rendezvous(job, namespace, uid, spec, node_rank, restart)
-    env = PodContract(
+    return PodContract(
         job_name=job,
         namespace=namespace,
         master_addr=names.master_address(job, namespace),
@@ -71,10 +66,6 @@ def contract_env(
         train_config=trainer_config(spec),
         elastic=elastic,
     ).to_env()
-    if elastic is not None:
-        for name in _NODE_RANK_VARIABLES:
-            env.pop(name)
-    return env
 
 
 def trainer_config(spec: TrainingJobSpec) -> str | None:
