@@ -112,26 +112,18 @@ def kill_container(agent_pod_uid: str) -> None:
         procs.kill(process, signal.SIGKILL)
 
 
-def wait_for(what: str, check: Any, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.5)
-    raise AssertionError(f"{what}: not within {timeout}s")
-
-
 def test_a_lost_worker_is_replaced_alone_and_the_job_trains_through(
-    cluster, node_agent, e2e_operator
+    cluster, node_agent, e2e_operator, job_driver
 ):
     with corpus_namespace(cluster, node_agent, e2e_operator, "e2e-elastic") as namespace:
         gate(node_agent, namespace).touch()
         apply_objects(cluster, namespace, elastic_shakespeare())
-        _lose_a_worker_and_finish(cluster, namespace, node_agent)
+        _lose_a_worker_and_finish(cluster, namespace, node_agent, job_driver.wait_for)
 
 
-def _lose_a_worker_and_finish(cluster: Any, namespace: str, agent: NodeAgent) -> None:
+def _lose_a_worker_and_finish(
+    cluster: Any, namespace: str, agent: NodeAgent, wait_for: Any
+) -> None:
     total = SHAKESPEARE["spec"]["trainer"]["training"]["steps"]
 
     def steps_at(size: int, after: float) -> list[dict[str, Any]]:
