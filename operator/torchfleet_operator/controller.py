@@ -429,6 +429,10 @@ class Controller:
             metrics.GANG_RESTARTS.labels(reason=decided.gang_restart).inc()
             if decided.disruption:
                 metrics.DISRUPTIONS.labels(reason=decided.disruption).inc()
+        # Counted once the write that records them in status.elastic landed: a
+        # refused write is planned again by the next pass, and counted then.
+        for reason in decided.worker_replacements:
+            metrics.ELASTIC_REPLACEMENTS.labels(reason=reason).inc()
         return True
 
     def _remember(self, key: JobKey, decided: Any, created_pods: list[str]) -> None:

@@ -37,6 +37,11 @@ DISRUPTIONS = Counter(
     "not counted toward backoffLimit",
     ["reason"],
 )
+ELASTIC_REPLACEMENTS = Counter(
+    "torchfleet_operator_elastic_replacements_total",
+    "Workers of elastic jobs replaced alone while the rest of the gang kept training",
+    ["reason"],
+)
 PODS_CREATED = Counter("torchfleet_operator_pods_created_total", "Pods created")
 PODS_DELETED = Counter("torchfleet_operator_pods_deleted_total", "Pods deleted")
 API_ERRORS = Counter(

@@ -119,6 +119,8 @@ class Plan:
     gang_restart: str | None = None  # reason, when this pass starts a restart
     workload_patches: list[WorkloadPatch] = field(default_factory=list)  # Kueue
     disruption: str | None = None  # reason, when that restart is a disruption (not counted)
+    # Reasons of the elastic workers this pass replaces alone (one per pod).
+    worker_replacements: list[str] = field(default_factory=list)
 
     def wake_in(self, seconds: float | None) -> None:
         if seconds is None:
@@ -667,6 +669,7 @@ def _replace_lost_workers(
         step.plan.events.append(
             EventSpec("Warning", "WorkerReplaced", f"replacing it alone: {failure.describe()}")
         )
+        step.plan.worker_replacements.append(failure.reason)
     step.delete_pods([p for p in gang if p.name in {f.pod for f in decided.new}])
     return decided.gang
 

@@ -30,6 +30,7 @@ NOT_READY_LABEL = "torchfleet.dev/kwok-not-ready"
 # (node-monitor-period 5 s): the replacement is created only once the lost
 # node is tainted, so it waits for room instead of landing back on that node.
 NODE_LOST_GRACE = "10"
+REPLACEMENTS = "torchfleet_operator_elastic_replacements_total"
 
 
 class Pool:
@@ -110,7 +111,7 @@ def survivors(job_driver: Any, namespace: str) -> dict[str, str]:
 def test_a_lost_workers_node_replaces_that_worker_alone_and_the_job_grows_back(
     operator_factory, job_driver, cluster, namespace, pool
 ):
-    operator_factory(
+    operator = operator_factory(
         env={"TORCHFLEET_OPERATOR_NODE_LOST_GRACE_SECONDS": NODE_LOST_GRACE},
         namespaces=(namespace,),
     )
@@ -140,6 +141,16 @@ def test_a_lost_workers_node_replaces_that_worker_alone_and_the_job_grows_back(
         assert degraded["elastic"]["replacements"] == 1
         assert degraded["elastic"]["currentNodes"] == 3
         assert degraded["elastic"]["countedReplacements"] == 0  # a lost node: a disruption
+        # Prometheus sees the replacement, and no gang restart.
+        job_driver.wait_for(
+            "the replacement in the operator's metrics",
+            lambda: operator.metric(REPLACEMENTS) >= 1,
+            timeout=10,
+        )
+        assert (
+            operator.metric(REPLACEMENTS) == operator.metric(REPLACEMENTS, reason="NodeLost") == 1
+        )
+        assert operator.metric("torchfleet_operator_gang_restarts_total") == 0
         untouched = survivors(job_driver, namespace)
         assert len(untouched) == 3
         pending = job_driver.get_core(namespace, "pods", "llm-worker-1")

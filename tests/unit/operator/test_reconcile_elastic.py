@@ -41,21 +41,22 @@ LOST_ON_NODE = pod("llm", 2, node_name="node-lost")
 
 
 @pytest.mark.parametrize(
-    ("lost", "seen", "counted"),
+    ("lost", "seen", "counted", "reason"),
     [
         # The program failed on one worker: counted toward maxRestarts.
-        ("exit 1", four(**{W1: failed(2)}), 1),
+        ("exit 1", four(**{W1: failed(2)}), 1, "PodFailed"),
         # The platform took it: replaced, not counted (as with backoffLimit).
-        ("evicted", four(**{W1: failed(2, disrupted=True, reason="Evicted")}), 0),
-        ("node lost", four(**{W1: LOST_ON_NODE}), 0),
+        ("evicted", four(**{W1: failed(2, disrupted=True, reason="Evicted")}), 0, "Evicted"),
+        ("node lost", four(**{W1: LOST_ON_NODE}), 0, "NodeLost"),
         (
             "deleted by someone",
             four(**{W1: dataclasses.replace(pod("llm", 2), deleting=True)}),
             0,
+            "PodDeleted",
         ),
     ],
 )
-def test_only_the_lost_worker_is_replaced_and_the_gang_keeps_running(lost, seen, counted):
+def test_only_the_lost_worker_is_replaced_and_the_gang_keeps_running(lost, seen, counted, reason):
     seen_with_node = dataclasses.replace(
         observed(*seen), nodes_not_ready={"node-lost": at(0)} if lost == "node lost" else {}
     )
@@ -68,6 +69,7 @@ def test_only_the_lost_worker_is_replaced_and_the_gang_keeps_running(lost, seen,
     assert p.status["elastic"]["replacements"] == 1
     assert p.status["elastic"]["countedReplacements"] == counted
     assert [e.reason for e in p.events] == ["WorkerReplaced"]
+    assert p.worker_replacements == [reason]  # the operator's counter, by reason
     assert "disruptions" not in p.status  # the gang was not stopped
 
 
@@ -84,6 +86,7 @@ def test_a_replaced_worker_is_counted_once_and_recreated_with_its_own_name():
     assert recreated["metadata"]["labels"]["torchfleet.dev/restart"] == "0"  # same generation
     for later in (second, third):
         assert later.status["elastic"]["replacements"] == 1 and later.events == []
+        assert later.worker_replacements == []  # counted in the first pass only
         assert later.status["restartCount"] == 0
     assert third.status["nodesReady"] == "3/4"
     # The replacement runs: nothing is being replaced any more, 4 of 4 again.
@@ -196,6 +199,7 @@ def test_a_replaced_worker_on_a_lost_node_is_force_deleted_after_the_grace():
     late = plan(elastic_job(), seen, at(grace + 1), CONFIG, status)
     assert [(r.name, r.grace_period_seconds) for r in late.delete] == [(W1, 0)]
     assert late.status["elastic"]["replacements"] == 1  # the same loss, not counted again
+    assert late.worker_replacements == []
 
 
 def test_two_workers_lost_at_once_are_both_replaced():
@@ -206,6 +210,7 @@ def test_two_workers_lost_at_once_are_both_replaced():
     elastic = p.status["elastic"]
     assert (elastic["replacements"], elastic["countedReplacements"]) == (2, 1)
     assert sorted(elastic["replacing"]) == [W0, W2]
+    assert p.worker_replacements == ["PodFailed", "Evicted"]
 
 
 def test_shrinking_below_min_nodes_says_so_and_waits_without_a_restart():
