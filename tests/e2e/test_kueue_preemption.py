@@ -2,7 +2,7 @@
 reached, and the re-admitted job resumes at exactly that step.
 
 A low-priority Shakespeare job (examples/shakespeare-ddp.yaml, checkpoints every
-50 steps) trains in a ClusterQueue with room for one job's CPUs. A
+50 steps, here trained for 150 steps) trains in a ClusterQueue with room for one job's CPUs. A
 high-priority job arrives: Kueue preempts the low one, the operator deletes its
 pods with their grace period, the trainer gets SIGTERM and saves a checkpoint at
 its current step (not a multiple of 50), the quota is handed back, the high job
@@ -21,7 +21,6 @@ import pytest
 
 from tests.e2e.test_training import (
     SHAKESPEARE,
-    TOTAL_STEPS,
     VAL_LOSS_THRESHOLD,
     events,
     failure_report,
@@ -36,6 +35,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.timeout(1200)]
 CHECKPOINT_INTERVAL = SHAKESPEARE["spec"]["trainer"]["checkpoint"]["interval"]
 # Preempt once the trainer is past this step and off the periodic checkpoints.
 PREEMPT_AFTER_STEP = CHECKPOINT_INTERVAL + 10
+# Half the example's 300: what is asserted happens by step 60, and at 150 steps
+# (the cosine schedule ending there) the validation loss is still well below the
+# threshold. Saves the test tier about 20 s of training.
+TOTAL_STEPS = 150
 
 
 def queued(manifest: dict[str, Any], name: str, queue: str, priority: str) -> dict[str, Any]:
@@ -79,7 +82,9 @@ def test_preempted_job_resumes_at_the_step_it_was_preempted(
     write_corpus(cluster, namespace, node_agent)
     name = "low"
     master = f"{name}-master-0"
-    apply_objects(cluster, namespace, queued(SHAKESPEARE, name, queue, low))
+    low_job = queued(SHAKESPEARE, name, queue, low)
+    low_job["spec"]["trainer"]["training"]["steps"] = TOTAL_STEPS
+    apply_objects(cluster, namespace, low_job)
 
     def first_run() -> str:
         return (node_agent.logs(namespace, master, "trainer") or [""])[0]
