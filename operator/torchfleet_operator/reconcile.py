@@ -539,6 +539,7 @@ def _active(
         if admitted is None:
             return step.finalize()  # queued: activeDeadlineSeconds does not run yet
         placement = admitted
+    desired, spec = spec, _admitted_size(step, spec)
     _start_clock(step)
 
     left = deadline.seconds_left(
@@ -567,7 +568,7 @@ def _active(
 
     failures = _failures(step, spec, gang, restart)
     if spec.elastic is not None:
-        failures = _replace_lost_workers(step, spec, gang, failures)
+        failures = _replace_lost_workers(step, desired, gang, failures)
         if step.status.get("phase") == c.PHASE_FAILED:
             return _finished(step, spec)
     if failures:
@@ -596,7 +597,7 @@ def _active(
         # user's error, reported like any other invalid spec.
         step.plan.create = []
         return _invalid(step, f"spec.master/worker.template.spec is not a usable PodSpec: {exc!r}")
-    _phase_from_gang(step, spec, gang)
+    _phase_from_gang(step, spec, gang, desired.nodes)
     step.status = podgroup_status.mirror(
         step.status,
         spec.scheduling.pod_group,
@@ -606,6 +607,21 @@ def _active(
         step.stamp,
     )
     return step.finalize()
+
+
+def _admitted_size(step: _Pass, spec: TrainingJobSpec) -> TrainingJobSpec:
+    """The job as its gang is made: an elastic job that Kueue admitted with fewer
+    workers than it asked for (partial admission) runs those; the rest of the
+    queue's room is another job's. The spec's size stays the desired one shown."""
+    view = step.observed.kueue
+    if spec.elastic is None or view is None or view.workload is None:
+        return spec
+    count = admission.admitted_count(view.workload, names.WORKER_ROLE)
+    if count is None or count >= spec.worker.replicas:
+        return spec
+    count = max(count, workload_builder.min_workers(spec))  # never below minNodes
+    worker = spec.worker.model_copy(update={"replicas": count})
+    return spec.model_copy(update={"worker": worker})
 
 
 def _suspend(step: _Pass, pods: list[ObservedPod]) -> Plan:
@@ -1041,7 +1057,12 @@ def _running(gang: list[ObservedPod]) -> list[ObservedPod]:
     return [p for p in gang if p.phase in ("Running", "Succeeded") and not p.deleting]
 
 
-def _phase_from_gang(step: _Pass, spec: TrainingJobSpec, gang: list[ObservedPod]) -> None:
+def _phase_from_gang(
+    step: _Pass, spec: TrainingJobSpec, gang: list[ObservedPod], desired: int
+) -> None:
+    """Phase and the Created/Running conditions from the gang; ``desired`` is the
+    spec's size, more than ``spec.nodes`` when Kueue admitted an elastic job
+    partially."""
     nodes = spec.nodes
     running = len(_running(gang))
     created = len({p.name for p in gang} | step.observed.expected_created)
@@ -1061,6 +1082,8 @@ def _phase_from_gang(step: _Pass, spec: TrainingJobSpec, gang: list[ObservedPod]
             f"{running} of {nodes} pods are running, the master among them "
             f"(elastic: at least {spec.elastic.min_nodes})"
         )
+        if desired > nodes:
+            message += f"; Kueue admitted {nodes} of the {desired} pods asked for"
         if not trains and cond.is_true(step.status.get("conditions"), c.CONDITION_RUNNING):
             # It shrank below minNodes (or lost its master): the agents wait for
             # enough nodes to rendezvous, nothing trains meanwhile.

@@ -90,6 +90,48 @@ def test_quota_admits_two_of_three_and_the_third_runs_when_the_first_finishes(
     assert job_condition(job_driver, namespace, "third", "QuotaReserved")["status"] == "True"
 
 
+def test_an_elastic_job_kueue_admits_partially_runs_on_the_pods_it_was_given(
+    kueue, shared_operator, job_driver, kueue_objects, namespace
+):
+    flavor = kueue_objects.flavor("default")
+    # Room for three pods of 8 GPUs; the job asks for four and can run on two.
+    cq = kueue_objects.cluster_queue("gpus24", [(flavor, {GPU: 24})])
+    queue = kueue_objects.local_queue(namespace, "team-a", cq)
+    elastic = {"minNodes": 2, "maxNodes": 4, "maxRestarts": 3}
+    job = kwok_job_spec(
+        workers=3, resources={"gpus": 8}, scheduling={"queueName": queue}, elastic=elastic
+    )
+    job_driver.create(namespace, "llm", job)
+
+    job_driver.wait_running_pods(namespace, "llm", 3, timeout=90)
+    running = job_driver.wait_for(
+        "the job Running on 3 of its 4 pods",
+        lambda: (
+            (status := job_driver.status(namespace, "llm")).get("phase") == "Running"
+            and (status.get("elastic") or {}).get("currentNodes") == 3
+            and status
+        ),
+    )
+    assert running["elastic"]["desiredNodes"] == 4 and running["elastic"]["replacements"] == 0
+    assert (
+        "Kueue admitted 3 of the 4 pods"
+        in job_condition(job_driver, namespace, "llm", "Running")["message"]
+    )
+    # Kueue itself shrank the worker PodSet within its minCount ...
+    (workload,) = workloads(job_driver, namespace)
+    (_, workers) = workload["spec"]["podSets"]
+    assert (workers["count"], workers["minCount"]) == (3, 1)
+    counts = {a["name"]: a["count"] for a in workload["status"]["admission"]["podSetAssignments"]}
+    assert counts == {"master": 1, "worker": 2}
+    # ... and the worker it did not admit was never created, nor counted as lost.
+    assert sorted(p["metadata"]["name"] for p in job_driver.pods(namespace, "llm")) == [
+        "llm-master-0",
+        "llm-worker-0",
+        "llm-worker-1",
+    ]
+    assert job_driver.status(namespace, "llm").get("restartCount", 0) == 0
+
+
 def test_admitted_flavor_puts_its_node_labels_on_the_pods(
     kueue, shared_operator, job_driver, kueue_objects, cluster, namespace
 ):

@@ -5,7 +5,9 @@ controlled by it, named as jobframework names them (``trainingjob-<job>-<hash>``
 the hash over kind, group, name and uid, so a re-created job gets a new one),
 with the queue name, the priority and one PodSet per role whose template
 carries the pods' real scheduling inputs (resource requests, nodeSelector,
-tolerations, affinity), from the same builder that makes the pods. When the
+tolerations, affinity), from the same builder that makes the pods. An elastic
+job's worker PodSet has a minCount, so that Kueue may admit it partially
+(fewer workers, never below minNodes) when the queue has no room for all. When the
 job's pods would ask for something else (the spec changed while it was
 suspended), the Workload no longer matches and is replaced.
 """
@@ -75,14 +77,25 @@ def pod_sets(
         }
     ]
     if spec.worker.replicas:
-        sets.append(
-            {
-                "name": names.WORKER_ROLE,
-                "count": spec.worker.replicas,
-                "template": _template(build_pod(job, namespace, uid, spec, 1, 0, image)),
-            }
-        )
+        workers: dict[str, Any] = {
+            "name": names.WORKER_ROLE,
+            "count": spec.worker.replicas,
+            "template": _template(build_pod(job, namespace, uid, spec, 1, 0, image)),
+        }
+        least = min_workers(spec)
+        if least < spec.worker.replicas:
+            workers["minCount"] = least
+        sets.append(workers)
     return sets
+
+
+def min_workers(spec: TrainingJobSpec) -> int:
+    """The fewest workers an elastic job can start with (Kueue's partial
+    admission: the worker PodSet's minCount, which must be at least 1); a fixed
+    gang needs them all."""
+    if spec.elastic is None:
+        return spec.worker.replicas
+    return max(1, spec.elastic.min_nodes - 1)
 
 
 def workload(

@@ -182,6 +182,18 @@ def pod_set_infos(workload: ObservedWorkload, flavors: dict[str, Flavor]) -> dic
     return infos
 
 
+def admitted_count(workload: ObservedWorkload, pod_set: str) -> int | None:
+    """How many pods of ``pod_set`` the admission grants; None when it does not
+    say (Kueue writes a count for each PodSet it admits)."""
+    admission = workload.status.get("admission") or {}
+    for assignment in admission.get("podSetAssignments") or []:
+        if assignment.get("name") == pod_set:
+            count = assignment.get("count")
+            valid = isinstance(count, int) and not isinstance(count, bool) and count >= 0
+            return count if valid else None
+    return None
+
+
 def missing_flavors(workload: ObservedWorkload, flavors: dict[str, Flavor]) -> list[str]:
     """Flavors the admission names that the operator has not seen (yet)."""
     admission = workload.status.get("admission") or {}

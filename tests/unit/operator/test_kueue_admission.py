@@ -369,3 +369,69 @@ def test_a_finished_job_marks_its_workload_finished():
         job(**QUEUED), observed(*done, kueue=kueue(already)), at(31), CONFIG, status=p.status
     )
     assert again.workload_patches == []
+
+
+# ---- partial admission of an elastic job ---------------------------------------------
+
+ELASTIC_1_3 = {"elastic": {"minNodes": 2, "maxNodes": 4, "maxRestarts": 3}}
+
+
+@pytest.mark.parametrize(
+    ("elastic", "min_count"),
+    [
+        (None, None),  # a fixed gang: all or nothing
+        ({"minNodes": 2, "maxNodes": 4}, 1),  # master + 1 worker at the least
+        ({"minNodes": 3, "maxNodes": 4}, 2),
+        ({"minNodes": 1, "maxNodes": 4}, 1),  # Kueue's minCount is at least 1
+        ({"minNodes": 4, "maxNodes": 4}, None),  # cannot shrink
+    ],
+)
+def test_an_elastic_jobs_worker_pod_set_may_be_admitted_partially(elastic, min_count):
+    spec = spec_of(job(workers=3, **({"elastic": elastic} if elastic else {})))
+    master, workers = wl.pod_sets("llm", "team", "uid-1", spec, "img")
+    assert "minCount" not in master and workers["count"] == 3
+    assert workers.get("minCount") == min_count
+
+
+def partially(worker_count: Any) -> dict[str, Any]:
+    assignments = [dict(a) for a in ADMISSION["podSetAssignments"]]  # type: ignore[attr-defined]
+    assignments[1]["count"] = worker_count
+    return workload_manifest(
+        [cond("QuotaReserved", reason="QuotaReserved"), cond("Admitted", reason="Admitted")],
+        {**ADMISSION, "podSetAssignments": assignments},
+    )
+
+
+@pytest.mark.parametrize(
+    ("count", "expected"), [(2, 2), (0, 0), ("2", None), (True, None), (-1, None), (None, None)]
+)
+def test_the_admitted_count_is_read_and_junk_is_not(count, expected):
+    assert admission.admitted_count(ObservedWorkload(partially(count)), "worker") == expected
+    assert admission.admitted_count(ObservedWorkload(partially(count)), "master") == 1
+    assert admission.admitted_count(ObservedWorkload(PENDING), "worker") is None
+
+
+def test_a_partially_admitted_elastic_job_runs_the_workers_it_was_given():
+    elastic_job = job(workers=3, **QUEUED, **ELASTIC_1_3)
+    view = kueue(partially(2))
+    first = plan(elastic_job, observed(kueue=view), at(0), CONFIG, status={})
+    assert sorted(m["metadata"]["name"] for m in pods_of(first)) == [
+        "llm-master-0",
+        "llm-worker-0",
+        "llm-worker-1",
+    ]
+    # Those three run: the job is Running at 3 of the 4 it asked for, and the
+    # worker Kueue did not admit is neither created nor counted as lost.
+    running = plan(elastic_job, observed(*gang(nodes=3), kueue=view), at(5), CONFIG, first.status)
+    assert running.create == [] and running.delete == [] and running.gang_restart is None
+    assert running.status["phase"] == "Running"
+    assert running.status["elastic"]["currentNodes"] == 3
+    assert running.status["elastic"]["desiredNodes"] == 4
+    assert running.status["elastic"]["replacements"] == 0
+    message = find(running.status["conditions"], "Running")["message"]
+    assert "Kueue admitted 3 of the 4 pods" in message
+
+
+def test_a_fixed_gang_ignores_a_smaller_count_and_creates_all():
+    p = plan(job(workers=3, **QUEUED), observed(kueue=kueue(partially(2))), at(0), CONFIG, {})
+    assert len(pods_of(p)) == 4
