@@ -240,6 +240,50 @@ def test_gang_restart_is_scheduled_as_a_whole_again(
         assert reporters == {SCHEDULER_NAME[kind]}, reporters
 
 
+# ---- 3b. an elastic gang: minMember is minNodes -----------------------------------
+
+
+@pytest.mark.parametrize("kind", GANG_KINDS)
+def test_an_elastic_gang_starts_on_min_nodes_and_the_rest_join_when_room_appears(
+    kind, gang_schedulers, shared_operator, job_driver, cluster, namespace, gang_pool
+):
+    need(gang_schedulers, kind)
+    blockers = start_blockers(cluster, job_driver, gang_pool, namespace, 2)
+    job = gang_spec(gang_pool, kind, nodes=4)
+    job["elastic"] = {"minNodes": 2, "maxNodes": 4}
+    job_driver.create(namespace, "elastic", job)
+
+    # Room for two: the gang scheduler places two pods (the group's minimum)
+    # and leaves the other two waiting, where a fixed gang of 4 would get none.
+    def two_placed_two_refused() -> list[dict[str, Any]] | None:
+        pods = job_driver.pods(namespace, "elastic")
+        placed = bound(pods)
+        waiting = [p for p in pods if refused(p)]
+        return placed if len(placed) == 2 and len(waiting) == 2 else None
+
+    placed = job_driver.wait_for("two pods placed, two refused", two_placed_two_refused, 90)
+    group = job_driver.raw.request("GET", PODGROUP_PATH[kind].format(ns=namespace, name="elastic"))
+    assert group["spec"]["minMember"] == 2
+    assert group["spec"]["minResources"][GPU] == "16"
+    for pod in placed:
+        assert scheduled_by(job_driver, namespace, pod) == {SCHEDULER_NAME[kind]}
+
+    for blocker in blockers:
+        job_driver.succeed_pod(namespace, blocker)
+    pods = job_driver.wait_running_pods(namespace, "elastic", 4, timeout=90)
+    grown = job_driver.wait_for(
+        "the job Running on all 4 pods",
+        lambda: (
+            (status := job_driver.status(namespace, "elastic")).get("phase") == "Running"
+            and (status.get("elastic") or {}).get("currentNodes") == 4
+            and status
+        ),
+    )
+    # The same gang grew: the first two pods kept running, nothing was replaced.
+    assert {p["metadata"]["uid"] for p in placed} <= {p["metadata"]["uid"] for p in pods}
+    assert grown.get("restartCount", 0) == 0 and grown["elastic"]["replacements"] == 0
+
+
 # ---- 4. Volcano's queue capacity ------------------------------------------------
 
 
