@@ -525,6 +525,9 @@ def _active(
     step.status["restartCount"] = restart
     gang = [p for p in pods if p.restart == restart]
     stale = [p for p in pods if p.restart < restart]
+    # An elastic job resized while it runs: the workers past its size leave.
+    surplus = elastic.surplus(spec, gang)
+    gang = [p for p in gang if p not in surplus]
     _count(step, gang, spec.nodes)
     _progress(step)
 
@@ -576,9 +579,11 @@ def _active(
 
     # The old generation must be gone before its names are reused.
     step.delete_pods(stale)
+    _resize(step, desired, surplus)
     replaced = [p for p in gang if p.deleting and _replaced_alone(spec, p)]
     _force_delete_on_lost_nodes(step, replaced)
-    terminating = [p for p in pods if p.restart < restart or (p.deleting and p not in replaced)]
+    leaving = replaced + surplus
+    terminating = [p for p in pods if p.restart < restart or (p.deleting and p not in leaving)]
     if terminating:
         _waiting(step, restart, _why_waiting(step, terminating))
         return step.finalize()
@@ -646,6 +651,42 @@ def _count(step: _Pass, gang: list[ObservedPod], nodes: int) -> None:
 
 
 # ---- elastic jobs: a lost worker is replaced alone (policy/elastic.py) ----
+
+
+def _resize(step: _Pass, spec: TrainingJobSpec, surplus: list[ObservedPod]) -> None:
+    """worker.replicas changed while an elastic job runs. Fewer: the workers past
+    the new size are deleted with their grace period (their trainers save, the
+    others' agents form a smaller world). More: the new ranks are created like
+    any missing pod and join at the next rendezvous round."""
+    expected = step.observed.expected_deleted
+    leaving = [p for p in surplus if not p.deleting and p.uid not in expected]
+    step.delete_pods(leaving)
+    if leaving:
+        names_ = ", ".join(sorted(p.name for p in leaving))
+        step.plan.events.append(
+            EventSpec(
+                "Normal",
+                "ScaledDown",
+                f"worker.replicas is {spec.worker.replicas}: deleting {names_}",
+            )
+        )
+    before = _previous_size(step)
+    if spec.elastic is not None and before is not None and before < spec.nodes:
+        step.plan.events.append(
+            EventSpec(
+                "Normal",
+                "ScaledUp",
+                f"worker.replicas is {spec.worker.replicas}: "
+                f"{spec.nodes - before} more pods join the running gang",
+            )
+        )
+
+
+def _previous_size(step: _Pass) -> int | None:
+    """The desired size the last written status recorded (elastic jobs)."""
+    shown = step.old_status.get("elastic")
+    size = shown.get("desiredNodes") if isinstance(shown, dict) else None
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
 
 
 def _replaced_alone(spec: TrainingJobSpec, pod: ObservedPod) -> bool:
@@ -801,7 +842,9 @@ def _failures(
                     )
                 )
         present = {p.name for p in gang} | step.observed.expected_created
-        for rank in range(spec.nodes):
+        # Ranks an elastic job just grew by are new, not lost.
+        known = min(spec.nodes, _previous_size(step) or spec.nodes)
+        for rank in range(known):
             name = pod_name_for_rank(step.name, rank)
             if name not in present:
                 found.append(

@@ -114,6 +114,30 @@ def test_pod_shaping_fields_change_only_while_suspended(
     )
 
 
+def test_an_elastic_jobs_worker_replicas_alone_change_while_it_runs(
+    cluster: Any, trainingjobs: TrainingJobs, namespace: str
+) -> None:
+    elastic = {"elastic": {"minNodes": 2, "maxNodes": 4}, "worker": {"replicas": 1}}
+    trainingjobs.create(namespace, job("grows", elastic))
+    trainingjobs.create(namespace, job("fixed", {"worker": {"replicas": 1}}))
+
+    # Within minNodes..maxNodes, up and down, while it runs.
+    for replicas in (3, 2):
+        _patch(cluster, namespace, "grows", {"spec": {"worker": {"replicas": replicas}}})
+        assert trainingjobs.get(namespace, "grows")["spec"]["worker"]["replicas"] == replicas
+    for patch, field in (
+        # Past maxNodes: the elastic bounds say so.
+        ({"spec": {"worker": {"replicas": 4}}}, "maxNodes"),
+        # The template still shapes every pod: fixed while it runs.
+        ({"spec": {"worker": {"template": {"metadata": {"labels": {"a": "b"}}}}}}, "spec.worker"),
+    ):
+        refused = _patch(cluster, namespace, "grows", patch, check=False)
+        assert refused.returncode != 0 and field in refused.stderr, refused.stderr
+    # A fixed gang's size is its shape: refused, and the message says what is allowed.
+    refused = _patch(cluster, namespace, "fixed", {"spec": {"worker": {"replicas": 2}}}, False)
+    assert refused.returncode != 0 and "elastic job's worker.replicas" in refused.stderr
+
+
 def test_kubectl_explain_reads_the_descriptions(cluster: Any, trainingjob_crd: str) -> None:
     deadline = time.monotonic() + 60
     while True:  # the OpenAPI document catches up with a new CRD within seconds

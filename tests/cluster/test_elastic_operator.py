@@ -191,3 +191,39 @@ def test_an_elastic_job_starts_on_min_nodes_and_grows_when_room_appears(
     whole = wait_nodes(job_driver, namespace, "4/4")
     assert whole.get("restartCount", 0) == 0
     assert whole["elastic"]["replacements"] == 0
+
+
+def test_resizing_a_running_elastic_job_adds_and_removes_workers_in_the_same_gang(
+    shared_operator, job_driver, namespace
+):
+    job = spec(workers=1, elastic={"minNodes": 2, "maxNodes": 4})
+    job_driver.create(namespace, "llm", job)
+    first = {
+        p["metadata"]["name"]: p["metadata"]["uid"]
+        for p in job_driver.wait_running_pods(namespace, "llm", 2)
+    }
+    wait_nodes(job_driver, namespace, "2/2")
+
+    # Up to 4: two more workers join the running gang, nobody is replaced.
+    job_driver.patch(namespace, "llm", {"spec": {"worker": {"replicas": 3}}})
+    grown = wait_nodes(job_driver, namespace, "4/4")
+    assert grown.get("restartCount", 0) == 0 and grown["elastic"]["replacements"] == 0
+    pods = {
+        p["metadata"]["name"]: p["metadata"]["uid"] for p in job_driver.live_pods(namespace, "llm")
+    }
+    assert first.items() <= pods.items()  # the first two kept running
+    job_driver.wait_events(namespace, "llm", {"ScaledUp"})
+
+    # Down to 3: the last worker leaves; the others are untouched.
+    job_driver.patch(namespace, "llm", {"spec": {"worker": {"replicas": 2}}})
+    shrunk = wait_nodes(job_driver, namespace, "3/3")
+    job_driver.wait_for(
+        "llm-worker-2 gone",
+        lambda: job_driver.get_core(namespace, "pods", "llm-worker-2") is None,
+    )
+    assert shrunk.get("restartCount", 0) == 0 and shrunk["elastic"]["replacements"] == 0
+    left = {
+        p["metadata"]["name"]: p["metadata"]["uid"] for p in job_driver.live_pods(namespace, "llm")
+    }
+    assert left == {name: uid for name, uid in pods.items() if name != "llm-worker-2"}
+    job_driver.wait_events(namespace, "llm", {"ScaledDown"})

@@ -37,6 +37,7 @@ from tests.trainer.cli_process import TrainerProcess, free_port
 from tests.trainer.test_strategies import GRAD_NORM_REL_TOL, LOSS_TOL, base, learnable_tokens
 from torchfleet_trainer import contract
 from torchfleet_trainer.checkpoint import MARKER, step_dir
+from torchfleet_trainer.launch import EXIT_PREEMPTED
 
 pytestmark = pytest.mark.trainer
 
@@ -186,3 +187,39 @@ def test_losing_a_node_resumes_on_three_ranks_with_the_same_losses(tmp_path: Pat
     # four-rank run's.
     for run in restarts(logger.events):
         assert_tracks(steps_of(run), steps_of(four[0].events))
+
+
+def test_a_node_leaving_gracefully_saves_where_it_is_and_the_rest_go_on_at_three(
+    tmp_path: Path,
+) -> None:
+    """What a scale-down (or a drained node) does: the leaving pod's launcher gets
+    SIGTERM. Its worker's signal reaches every rank at the next step boundary, so
+    the whole world saves that step and stops; the leaving launcher exits 143
+    (saved), the others' agents form a world of three that resumes at exactly
+    that step, not at the last periodic checkpoint, and finishes."""
+    data = learnable_tokens(tmp_path / "tokens.bin")
+    endpoint = f"127.0.0.1:{free_port()}"
+    args = [*overrides(data, tmp_path / "elastic"), "checkpoint.interval=100"]
+    nodes = [TrainerProcess(args, elastic_env(endpoint, "leave", i == 0)) for i in range(NODES)]
+    try:
+        logger = first_to_log(nodes, KILL_AT, world_size=NODES, timeout=TIMEOUT)
+        leaving = next(n for n in reversed(nodes[1:]) if n is not logger)
+        leaving.proc.send_signal(signal.SIGTERM)
+
+        preempted = logger.wait_for(lambda e: e["event"] == "preempted", timeout=TIMEOUT)
+        world = logger.wait_for(lambda e: e["event"] == "world", timeout=TIMEOUT)
+        resumed = logger.wait_for(lambda e: e["event"] == "resumed", timeout=TIMEOUT)
+        assert leaving.finish(timeout=TIMEOUT) == EXIT_PREEMPTED, leaving.stderr[-4000:]
+        for node in nodes:
+            if node is not leaving:
+                assert node.finish(timeout=TIMEOUT) == 0, node.stderr[-4000:]
+    finally:
+        for node in nodes:
+            kill_node(node.proc.pid)
+
+    assert preempted["saved"] and preempted["step"] >= KILL_AT, preempted
+    assert (world["world_size"], world["grad_accum_steps"]) == (3, 4)
+    # No periodic checkpoint in reach (interval 100): only the save on SIGTERM.
+    assert resumed["step"] == preempted["step"], (resumed, preempted)
+    continuing = steps_of(logger.events[logger.events.index(resumed) :])
+    assert sorted(continuing) == list(range(preempted["step"] + 1, STEPS + 1))

@@ -691,6 +691,26 @@ IMMUTABLE_WHILE_RUNNING = (
 )
 
 
+def _worker_resizes_only_when_elastic() -> Rule:
+    """spec.worker shapes the pods, so it is fixed while the job runs; an elastic
+    job's worker.replicas alone may change (the elastic rules keep it within
+    minNodes..maxNodes): the operator adds or removes workers in the same gang."""
+    same_template = (
+        "has(self.worker.template) == has(oldSelf.worker.template) && "
+        "(!has(self.worker.template) || self.worker.template == oldSelf.worker.template)"
+    )
+    return Rule(
+        cel="oldSelf.suspend || (has(self.worker) == has(oldSelf.worker) && "
+        "(!has(self.worker) || self.worker == oldSelf.worker || "
+        f"(has(self.elastic) && has(oldSelf.elastic) && {same_template})))",
+        message="spec.worker may change only while the job is suspended "
+        "(an elastic job's worker.replicas may change while it runs)",
+        check=None,
+        field_path=".worker",
+        reason="FieldValueForbidden",
+    )
+
+
 # Set by torchrun per process, so wrong in a pod's command when it runs several.
 _PER_PROCESS_VARIABLES = ("$(RANK)", "$(WORLD_SIZE)")
 _PER_PROCESS_MESSAGE = (
@@ -814,7 +834,9 @@ class TrainingJobSpec(ApiModel):
                 reason="FieldValueForbidden",
             )
             for field in IMMUTABLE_WHILE_RUNNING
+            if field != "worker"
         ),
+        _worker_resizes_only_when_elastic(),
     )
 
     # ---- derived values the operator uses ----

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
 from torchfleet_operator.observed import ObservedPod
 from torchfleet_operator.policy.failure import Failure
 
@@ -76,6 +77,14 @@ def replace_workers(
         counted += 0 if failure.disruption else 1
         new.append(failure)
     return Replacements([], new, replacing, replacements, counted)
+
+
+def surplus(spec: TrainingJobSpec, gang: Iterable[ObservedPod]) -> list[ObservedPod]:
+    """The pods of an elastic job past its size: worker.replicas went down while
+    it ran (a fixed gang's size cannot change while it runs)."""
+    if spec.elastic is None:
+        return []
+    return [pod for pod in gang if pod.node_rank >= spec.nodes]
 
 
 def runs(running: Iterable[ObservedPod], master: str, min_nodes: int) -> bool:

@@ -235,3 +235,54 @@ def test_shrinking_below_min_nodes_says_so_and_waits_without_a_restart():
     )
     assert again.status["phase"] == "Running" and again.status["restartCount"] == 0
     assert find(again.status["conditions"], "Running")["status"] == "True"
+
+
+# ---- resizing: worker.replicas changed while the job runs ----------------------------
+
+
+def sized(workers: int) -> dict:
+    """The 1 + 3 elastic job (2 to 4 nodes) with ``workers`` workers asked for."""
+    resized = elastic_job()
+    resized["spec"]["worker"]["replicas"] = workers
+    return resized
+
+
+def test_fewer_workers_leave_gracefully_and_the_rest_keep_running():
+    status = running_status(elastic={"desiredNodes": 4, "replacements": 0})
+    p = plan(sized(1), observed(*four()), at(1), CONFIG, status)
+    # The two workers past the new size go, with their grace period (their
+    # trainers save); nobody is replaced and the gang is kept.
+    assert [(r.name, r.grace_period_seconds) for r in p.delete] == [(W1, None), (W2, None)]
+    assert p.create == [] and p.gang_restart is None and p.worker_replacements == []
+    assert p.status["phase"] == "Running" and p.status["restartCount"] == 0
+    assert p.status["elastic"]["desiredNodes"] == 2
+    assert p.status["elastic"]["replacements"] == 0
+    assert p.status["nodesReady"] == "2/2"
+    (event,) = [e for e in p.events if e.reason == "ScaledDown"]
+    assert W1 in event.message and W2 in event.message
+    # While they terminate the job runs on: no wait, no second delete, no event.
+    leaving = [dataclasses.replace(p_, deleting=True) for p_ in four()[2:]]
+    later = plan(sized(1), observed(*four()[:2], *leaving), at(2), CONFIG, p.status)
+    assert later.delete == [] and later.create == [] and later.events == []
+    assert later.status["phase"] == "Running"
+
+
+def test_more_workers_are_created_in_the_running_gang_and_not_counted_as_lost():
+    two = gang(nodes=2)
+    status = running_status(elastic={"desiredNodes": 2, "replacements": 0})
+    p = plan(sized(3), observed(*two), at(1), CONFIG, status)
+    created = sorted(m["metadata"]["name"] for m in p.create if m["kind"] == "Pod")
+    assert created == [W1, W2]
+    assert all(m["metadata"]["labels"]["torchfleet.dev/restart"] == "0" for m in p.create)
+    assert p.delete == [] and p.gang_restart is None and p.worker_replacements == []
+    assert p.status["phase"] == "Running"
+    assert p.status["elastic"]["desiredNodes"] == 4
+    assert p.status["elastic"]["replacements"] == 0
+    assert [e.reason for e in p.events] == ["ScaledUp"]
+
+
+def test_a_fixed_gang_has_no_surplus_to_remove():
+    # The API server refuses a fixed gang's resize while it runs; a spec read
+    # with fewer workers than pods (an old operator's leftovers) removes nothing.
+    p = plan(job(workers=1), observed(*four()), at(1), CONFIG, running_status())
+    assert p.delete == [] and "ScaledDown" not in [e.reason for e in p.events]
