@@ -123,7 +123,11 @@ class WorkerSpec(ApiModel):
     """The worker role: node ranks 1..replicas."""
 
     replicas: int = Field(
-        0, ge=0, le=c.MAX_WORKERS, description="Number of worker pods (one node each)."
+        0,
+        ge=0,
+        le=c.MAX_WORKERS,
+        description="Number of worker pods (one node each). With spec.elastic it is the "
+        "desired size, and may change while the job runs (within minNodes..maxNodes).",
     )
     template: PodTemplate | None = Field(
         None, description="Pod template merged over the operator's defaults for workers."
