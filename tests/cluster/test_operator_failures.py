@@ -101,6 +101,7 @@ def looser_crd(cluster: Any) -> Iterator[None]:
 
 
 NOT_UNDERSTOOD = {"futureField": 1, "runPolicy": {"backoffLimit": -1}}
+TTL = 25
 
 
 def _accepted(cluster: Any, manifest: dict[str, Any]) -> bool:
@@ -114,7 +115,10 @@ def test_a_spec_the_operator_no_longer_understands_neither_kills_nor_revives_job
     shared_operator, job_driver, namespace, cluster
 ):
     job_driver.create(namespace, "run", spec(workers=1))
-    job_driver.create(namespace, "done", spec(workers=1, runPolicy={"ttlSecondsAfterFinished": 40}))
+    # Long enough for the three SpecNotUnderstood reports below (seconds), no longer.
+    job_driver.create(
+        namespace, "done", spec(workers=1, runPolicy={"ttlSecondsAfterFinished": TTL})
+    )
     job_driver.create(namespace, "held", spec(workers=1, suspend=True))
     running = job_driver.wait_running_pods(namespace, "run", 2)
     job_driver.wait_phase(namespace, "run", "Running")
@@ -153,7 +157,7 @@ def test_a_spec_the_operator_no_longer_understands_neither_kills_nor_revives_job
             timeout=90,
         )
         gone = datetime.now(UTC)
-        due = datetime.fromisoformat(completed.replace("Z", "+00:00")) + timedelta(seconds=40)
+        due = datetime.fromisoformat(completed.replace("Z", "+00:00")) + timedelta(seconds=TTL)
         assert gone >= due - timedelta(seconds=1)
         # The suspended one reports the problem and has no pods.
         held = job_driver.status(namespace, "held")
