@@ -7,9 +7,10 @@ with the queue name, the priority and one PodSet per role whose template
 carries the pods' real scheduling inputs (resource requests, nodeSelector,
 tolerations, affinity), from the same builder that makes the pods. An elastic
 job's worker PodSet has a minCount, so that Kueue may admit it partially
-(fewer workers, never below minNodes) when the queue has no room for all. When the
-job's pods would ask for something else (the spec changed while it was
-suspended), the Workload no longer matches and is replaced.
+(fewer workers, never below minNodes) when the queue has no room for all.
+The Workload is built once: a spec changed while the job waits suspended is
+not carried into it (jobframework would replace a Workload that no longer
+matches; not done here yet).
 """
 
 from __future__ import annotations
@@ -128,22 +129,3 @@ def workload(
         },
         "spec": body,
     }
-
-
-def pod_set_signature(sets: list[dict[str, Any]]) -> list[tuple[str, int, Any]]:
-    """What must match between a Workload and the job for the Workload to stand:
-    each PodSet's name, count and containers' requests (jobframework compares
-    the same, as EquivalentToWorkload)."""
-
-    def requests(template: dict[str, Any]) -> Any:
-        spec = template.get("spec") or {}
-        return [
-            ((c.get("resources") or {}).get("requests") or {})
-            for key in ("initContainers", "containers")
-            for c in spec.get(key) or []
-        ]
-
-    return [
-        (str(s.get("name")), int(s.get("count") or 0), requests(s.get("template") or {}))
-        for s in sets
-    ]
