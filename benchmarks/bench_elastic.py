@@ -52,6 +52,7 @@ sys.path.insert(0, str(REPO))
 
 from tests.e2e.test_elastic import (  # noqa: E402
     NAME,
+    PODS,
     VICTIM,
     all_events,
     elastic_shakespeare,
@@ -77,16 +78,14 @@ FIRST_CHECKPOINT_TIMEOUT = 420.0
 RECOVERY_TIMEOUT = 300.0
 # A line of torch's elastic agent: I1123 21:49:24.178000 2 path.py:1002] message
 AGENT_LINE = re.compile(r"^[IWE](?P<day>\d{4}) (?P<time>[\d:.]+) \d+ [^\]]+\] (?P<message>.*)$")
-# What the master's agent (a survivor) logs: its workers failed (the lost
-# rank's connections broke), it joins the next rendezvous round, the round is
-# complete at some world size, it starts its worker processes.
+# What an elastic pod's torch agent logs: its workers failed (the lost rank's
+# connections broke), it enters a rendezvous round, the round is complete, it
+# starts its worker processes. (A fixed gang of one process per pod runs its
+# trainer without an agent: the operator gives each pod its rank.)
 WORKERS_FAILED = "failed (exitcode"
-JOINING = "attempts to join the next round"
+RENDEZVOUS = "Rendezvous'ing worker group"
+ROUND_COMPLETE = "Rendezvous complete for workers"
 STARTING = "Starting worker group"
-
-
-def joined(size: int) -> str:
-    return f"in a world of size {size}."
 
 
 def bench_job(elastic: bool) -> dict[str, Any]:
@@ -149,6 +148,11 @@ class Run:
         if len(runs) <= run:
             return None
         return int((runs[run] / "started").read_text()) / 1e9
+
+    def gang_started(self, run: int) -> float | None:
+        """When the node agent had started run ``run`` of every pod of the job."""
+        started = [self.agent_started(pod, run) for pod in PODS]
+        return None if None in started else max(s for s in started if s is not None)
 
     def resumed_and_world(self, size: int, after: float) -> dict[str, Any]:
         """The run at world ``size`` after ``after``: when it logged its world,
@@ -247,6 +251,11 @@ def elastic_gated_run(run: Run) -> dict[str, Any]:
         resumed_step_at_3=at_three["resumed_step"],
         checkpoint_load_at_3_s=at_three["checkpoint_load_s"],
         steps_at_2_before_regrown=regrown[0]["step"] - shrunk[0]["step"],
+        # The survivors' agents stop their workers for the new round; what they
+        # had trained since their last save is trained again at 3.
+        steps_redone_at_3=steps_between(
+            max(e["step"] for e in run.steps_at(SHRUNK, lost_at)), at_three["resumed_step"]
+        ),
     )
     # Where the seconds went, from the master's agent (a survivor) after the
     # loss and after the release, and from the replacement's agent joining
@@ -255,18 +264,17 @@ def elastic_gated_run(run: Run) -> dict[str, Any]:
         MASTER,
         lost_at,
         survivors_failed=WORKERS_FAILED,
-        survivors_rejoin=JOINING,
-        round_at_2=joined(SHRUNK),
+        round_at_2=ROUND_COMPLETE,
         workers_start_at_2=STARTING,
     )
     regrowing = run.agent_stages(
         MASTER,
         released_at,
-        survivors_rejoin=JOINING,
-        round_at_3=joined(FULL),
+        survivors_rendezvous=RENDEZVOUS,
+        round_at_3=ROUND_COMPLETE,
         workers_start_at_3=STARTING,
     )
-    replacement = run.agent_stages(VICTIM, released_at, replacement_joins=JOINING)
+    replacement = run.agent_stages(VICTIM, released_at, replacement_rendezvous=RENDEZVOUS)
     figures.update({f"loss_to_{k}": v for k, v in shrinking.items()})
     figures.update({f"release_to_{k}": v for k, v in {**regrowing, **replacement}.items()})
     return {**figures, **elastic_status(run)}
@@ -288,11 +296,7 @@ def elastic_free_run(run: Run) -> dict[str, Any]:
         replacement_started_after_loss_s=since(run.agent_started(VICTIM, 1), lost_at),
     )
     stages = run.agent_stages(
-        MASTER,
-        lost_at,
-        survivors_failed=WORKERS_FAILED,
-        round_at_2=joined(SHRUNK),
-        round_at_3=joined(FULL),
+        MASTER, lost_at, survivors_failed=WORKERS_FAILED, first_round=ROUND_COMPLETE
     )
     figures.update({f"loss_to_{k}": v for k, v in stages.items()})
     return {**figures, **elastic_status(run)}
@@ -313,14 +317,15 @@ def gang_run(run: Run) -> dict[str, Any]:
         "steps of the restarted gang", lambda: run.steps_at(FULL, lost_at), RECOVERY_TIMEOUT
     )
     again = run.resumed_and_world(FULL, lost_at)
-    stages = run.agent_stages(
-        MASTER, lost_at, survivors_failed=WORKERS_FAILED, new_workers_start=STARTING
-    )
+    # Logged by rank 0 right after its process group is up: every rank started
+    # and met at the new master's store.
+    group_up = run.first("metrics", lost_at)
     return {
         **figures,
-        **{f"loss_to_{k}": v for k, v in stages.items()},
         "loss_to_step_s": restarted[0]["time"] - lost_at,
         "loss_to_new_master_started_s": since(run.agent_started(MASTER, 1), lost_at),
+        "loss_to_new_gang_started_s": since(run.gang_started(1), lost_at),
+        "loss_to_process_group_s": since(group_up["time"] if group_up else None, lost_at),
         "loss_to_world_s": again["world_event_s"] - lost_at,
         "loss_to_resumed_s": since(again["resumed_event_s"], lost_at),
         "resumed_step": again["resumed_step"],
@@ -364,22 +369,26 @@ HEADLINES: dict[str, list[tuple[str, str]]] = {
     "elastic": [
         ("loss -> first step at world 2 (s)", "loss_to_step_at_2_s"),
         ("  loss -> survivors' workers failed (s)", "loss_to_survivors_failed_s"),
-        ("  loss -> rendezvous round at 2 (s)", "loss_to_round_at_2_s"),
+        ("  loss -> rendezvous round at 2 complete (s)", "loss_to_round_at_2_s"),
+        ("  loss -> survivors start workers (s)", "loss_to_workers_start_at_2_s"),
         ("  loss -> world-2 event (s)", "loss_to_world_2_s"),
         ("  checkpoint load at world 2 (s)", "checkpoint_load_at_2_s"),
         ("  loss -> replacement pod started (s)", "replacement_started_after_loss_s"),
         ("gate released -> first step at world 3 (s)", "release_to_step_at_3_s"),
-        ("  released -> replacement's agent joins (s)", "release_to_replacement_joins_s"),
-        ("  released -> survivors rejoin (s)", "release_to_survivors_rejoin_s"),
-        ("  released -> rendezvous round at 3 (s)", "release_to_round_at_3_s"),
+        ("  released -> replacement's agent rendezvous (s)", "release_to_replacement_rendezvous_s"),
+        ("  released -> survivors rendezvous (s)", "release_to_survivors_rendezvous_s"),
+        ("  released -> rendezvous round at 3 complete (s)", "release_to_round_at_3_s"),
+        ("  released -> workers start (s)", "release_to_workers_start_at_3_s"),
         ("  released -> world-3 event (s)", "release_to_world_3_s"),
         ("  checkpoint load at world 3 (s)", "checkpoint_load_at_3_s"),
         ("steps trained again at 2", "steps_redone_at_2"),
+        ("steps trained again at 3", "steps_redone_at_3"),
     ],
     "gang": [
         ("loss -> first step of the new gang (s)", "loss_to_step_s"),
         ("  loss -> new master pod started (s)", "loss_to_new_master_started_s"),
-        ("  loss -> new workers start (s)", "loss_to_new_workers_start_s"),
+        ("  loss -> all new pods started (s)", "loss_to_new_gang_started_s"),
+        ("  loss -> process group up (s)", "loss_to_process_group_s"),
         ("  loss -> new gang's world event (s)", "loss_to_world_s"),
         ("  checkpoint load (s)", "checkpoint_load_s"),
         ("steps trained again", "steps_redone"),
@@ -389,8 +398,7 @@ HEADLINES: dict[str, list[tuple[str, str]]] = {
         ("  loss -> first step at world 2 (s)", "loss_to_step_at_2_s"),
         ("  loss -> survivors' workers failed (s)", "loss_to_survivors_failed_s"),
         ("  loss -> replacement pod started (s)", "replacement_started_after_loss_s"),
-        ("  loss -> rendezvous round at 2 (s)", "loss_to_round_at_2_s"),
-        ("  loss -> rendezvous round at 3 (s)", "loss_to_round_at_3_s"),
+        ("  loss -> first rendezvous round complete (s)", "loss_to_first_round_s"),
         ("  loss -> world-3 event (s)", "loss_to_world_3_s"),
     ],
 }
@@ -409,7 +417,7 @@ def machine() -> dict[str, Any]:
     )
     meminfo = Path("/proc/meminfo").read_text().split()
     commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+        ["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True
     ).stdout.strip()
     return {
         "cpus": os.cpu_count(),
@@ -427,23 +435,28 @@ def print_table(results: dict[str, Any]) -> None:
     for scenario, runs in results["runs"].items():
         print(f"\n{scenario}: {len(runs)} run(s)")
         header = "".join(f"{'run ' + str(i + 1):>10}" for i in range(len(runs)))
-        print(f"{'':46}{header}{'median':>10}")
+        print(f"{'':50}{header}{'median':>10}")
         for label, key in HEADLINES[scenario]:
             values = [run.get(key) for run in runs]
             cells = "".join(f"{v:10.2f}" if v is not None else f"{'-':>10}" for v in values)
             median = results["medians"][scenario].get(key)
             print(
-                f"{label:46}{cells}" + (f"{median:10.2f}" if median is not None else f"{'-':>10}")
+                f"{label:50}{cells}" + (f"{median:10.2f}" if median is not None else f"{'-':>10}")
             )
         loads = ", ".join(
             f"{run['load_average_start'][0]:.1f}/{run['load_at_loss']:.1f}/"
             f"{run['load_average_end'][0]:.1f}"
             for run in runs
         )
-        print(f"{'load average 1m (start/loss/end)':46}{loads}")
+        print(f"{'load average 1m (start/loss/end)':50}{loads}")
         keys = ("resumed_step", "resumed_step_at_2", "resumed_step_at_3")
         resumed = ", ".join(str(next((run[k] for k in keys if k in run), "-")) for run in runs)
-        print(f"{'resumed from checkpoint step':46}{resumed}")
+        print(f"{'resumed from checkpoint step':50}{resumed}")
+
+
+def write_results(out: Path, results: dict[str, Any]) -> None:
+    results["medians"] = {s: medians(runs) for s, runs in results["runs"].items()}
+    out.write_text(json.dumps(results, indent=2))
 
 
 def main() -> int:
@@ -469,6 +482,9 @@ def main() -> int:
         "agent_state_dir": str(work / "nodeagent"),
         "runs": {s: [] for s in scenarios},
     }
+    out_dir = REPO / "benchmarks" / "results"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / f"elastic-{time.strftime('%Y%m%dT%H%M%S')}.json"
     with running_cluster() as cluster:
         apply_crd(cluster.kubectl)
         with (
@@ -482,12 +498,10 @@ def main() -> int:
                     figures = one_run(scenario, cluster, agent, operator, driver)
                     print(f"{scenario} run {repeat + 1}: {json.dumps(figures)}", flush=True)
                     results["runs"][scenario].append(figures)
-    results["medians"] = {s: medians(runs) for s, runs in results["runs"].items()}
+                    # Written after every run: a later run's failure loses none.
+                    write_results(out, results)
     results["load_average_at_end"] = list(os.getloadavg())
-    out_dir = REPO / "benchmarks" / "results"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out = out_dir / f"elastic-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    out.write_text(json.dumps(results, indent=2))
+    write_results(out, results)
     print_table(results)
     print(f"\nwritten: {out.relative_to(REPO)}")
     return 0
