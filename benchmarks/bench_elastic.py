@@ -142,16 +142,17 @@ class Run:
         kill_container(uid)
         return lost_at, int(last_step)
 
-    def agent_started(self, pod: str, run: int) -> float | None:
-        """When the node agent started run ``run`` of the pod (its own ns stamp)."""
+    def agent_started(self, pod: str, after: float) -> float | None:
+        """When the node agent started the pod's first run after ``after`` (its
+        own ns stamp). By time, not by index: a worker may have been replaced
+        before the loss too (one that failed to reach the store at start)."""
         runs = self.agent.pod_dirs(self.namespace, pod)
-        if len(runs) <= run:
-            return None
-        return int((runs[run] / "started").read_text()) / 1e9
+        starts = (int((run / "started").read_text()) / 1e9 for run in runs)
+        return next((start for start in starts if start > after), None)
 
-    def gang_started(self, run: int) -> float | None:
-        """When the node agent had started run ``run`` of every pod of the job."""
-        started = [self.agent_started(pod, run) for pod in PODS]
+    def gang_started(self, after: float) -> float | None:
+        """When the node agent had started a run after ``after`` of every pod."""
+        started = [self.agent_started(pod, after) for pod in PODS]
         return None if None in started else max(s for s in started if s is not None)
 
     def resumed_and_world(self, size: int, after: float) -> dict[str, Any]:
@@ -227,7 +228,7 @@ def elastic_gated_run(run: Run) -> dict[str, Any]:
     # polling the gate): from there on, the time is the rejoin's alone.
     replacement_started = run.wait_for(
         "the replacement pod started by the agent",
-        lambda: run.agent_started(VICTIM, 1),
+        lambda: run.agent_started(VICTIM, lost_at),
         RECOVERY_TIMEOUT,
     )
     released_at = time.time()
@@ -293,7 +294,7 @@ def elastic_free_run(run: Run) -> dict[str, Any]:
         loss_to_world_3_s=at_three["world_event_s"] - lost_at,
         resumed_step_at_3=at_three["resumed_step"],
         checkpoint_load_at_3_s=at_three["checkpoint_load_s"],
-        replacement_started_after_loss_s=since(run.agent_started(VICTIM, 1), lost_at),
+        replacement_started_after_loss_s=since(run.agent_started(VICTIM, lost_at), lost_at),
     )
     stages = run.agent_stages(
         MASTER, lost_at, survivors_failed=WORKERS_FAILED, first_round=ROUND_COMPLETE
@@ -323,8 +324,8 @@ def gang_run(run: Run) -> dict[str, Any]:
     return {
         **figures,
         "loss_to_step_s": restarted[0]["time"] - lost_at,
-        "loss_to_new_master_started_s": since(run.agent_started(MASTER, 1), lost_at),
-        "loss_to_new_gang_started_s": since(run.gang_started(1), lost_at),
+        "loss_to_new_master_started_s": since(run.agent_started(MASTER, lost_at), lost_at),
+        "loss_to_new_gang_started_s": since(run.gang_started(lost_at), lost_at),
         "loss_to_process_group_s": since(group_up["time"] if group_up else None, lost_at),
         "loss_to_world_s": again["world_event_s"] - lost_at,
         "loss_to_resumed_s": since(again["resumed_event_s"], lost_at),
