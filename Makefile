@@ -152,6 +152,10 @@ bench-trainer: venv ## nanoGPT recipe, 1B Llama tokens/s + MFU vs compiled/eager
 	then $(PY) benchmarks/bench_trainer.py --device cuda $${BENCH_ARGS:-}; \
 	else $(PY) benchmarks/bench_trainer.py --device cpu --quick $${BENCH_ARGS:-}; fi
 
+.PHONY: bench-elastic
+bench-elastic: venv deps cluster-build ## e2e: seconds from a lost worker to training again, elastic vs. gang restart (REPEATS=2)
+	$(PY) benchmarks/bench_elastic.py --repeats $${REPEATS:-2}
+
 .PHONY: clean
 clean: cluster-down ## remove the venv and cluster state (keeps the binary cache)
 	rm -rf $(VENV) .cluster
