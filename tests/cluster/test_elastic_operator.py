@@ -12,12 +12,14 @@ trains on those and grows to 4 when room appears.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from tests.fixtures.cluster import node_ready
 from tests.fixtures.operator import fake_node
 from tests.fixtures.operator import kwok_job_spec as spec
 
@@ -48,11 +50,20 @@ class Pool:
             self._add(f"{self.name}-workers")
 
     def _add(self, role: str) -> str:
+        """A new node, open to pods only once KWOK reports it Ready: a pod bound
+        to a node that is not Ready yet would count as lost after the operator's
+        short test grace (a real kubelet registers its node with a not-ready taint)."""
         node = f"{self.name}-{len(self.nodes)}"
         taint = {"key": TAINT_KEY, "value": self.name, "effect": "NoSchedule"}
         body = fake_node(node, taint, labels={POOL_LABEL: role}, pods=1)
+        body["spec"]["unschedulable"] = True
         self.cluster.kubectl("create", "-f", "-", input=json.dumps(body))
         self.nodes.append(node)
+        deadline = time.monotonic() + 60
+        while not node_ready(self.cluster.get_json("nodes", node)):
+            assert time.monotonic() < deadline, f"KWOK node {node} never became Ready"
+            time.sleep(0.2)
+        self.cluster.kubectl("uncordon", node)
         return node
 
     def job(self) -> dict[str, Any]:
@@ -125,6 +136,10 @@ def test_a_lost_workers_node_replaces_that_worker_alone_and_the_job_grows_back(
     assert lost_node != pool.master_node
 
     cluster.kubectl("label", "node", lost_node, f"{NOT_READY_LABEL}=true")
+    # What the node lifecycle controller's unreachable taint does a few seconds
+    # later, at once: under load its taint could come after the operator's
+    # replacement and the replacement would land back on the lost node.
+    cluster.kubectl("cordon", lost_node)
     try:
         replaced = job_driver.wait_for(
             "llm-worker-1 replaced by a new pod of the same gang, waiting for room",
@@ -138,7 +153,9 @@ def test_a_lost_workers_node_replaces_that_worker_alone_and_the_job_grows_back(
         assert replaced["metadata"]["labels"]["torchfleet.dev/restart"] == "0"
         degraded = wait_nodes(job_driver, namespace, "3/4")
         assert degraded.get("restartCount", 0) == 0  # no gang restart
-        assert degraded["elastic"]["replacements"] == 1
+        assert degraded["elastic"]["replacements"] == 1, [
+            (e["reason"], e["message"]) for e in job_driver.events(namespace, "llm")
+        ]
         assert degraded["elastic"]["currentNodes"] == 3
         assert degraded["elastic"]["countedReplacements"] == 0  # a lost node: a disruption
         # Prometheus sees the replacement, and no gang restart.
@@ -157,6 +174,7 @@ def test_a_lost_workers_node_replaces_that_worker_alone_and_the_job_grows_back(
         assert pending["status"].get("phase") == "Pending"
     finally:
         cluster.kubectl("label", "node", lost_node, f"{NOT_READY_LABEL}-")
+        cluster.kubectl("uncordon", lost_node)
 
     # The node is back: the replacement schedules and the job is whole again.
     job_driver.wait_running_pods(namespace, "llm", 4, timeout=90)
@@ -190,7 +208,9 @@ def test_an_elastic_job_starts_on_min_nodes_and_grows_when_room_appears(
     pool.add_workers(2)
     whole = wait_nodes(job_driver, namespace, "4/4")
     assert whole.get("restartCount", 0) == 0
-    assert whole["elastic"]["replacements"] == 0
+    assert whole["elastic"]["replacements"] == 0, [
+        (e["reason"], e["message"]) for e in job_driver.events(namespace, "llm")
+    ]
 
 
 def test_resizing_a_running_elastic_job_adds_and_removes_workers_in_the_same_gang(
