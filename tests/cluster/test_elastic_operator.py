@@ -95,21 +95,6 @@ def on(selector: dict[str, str]) -> dict[str, Any]:
     return {"spec": {"nodeSelector": selector, "tolerations": [toleration]}}
 
 
-def wait_nodes(job_driver: Any, namespace: str, shown: str) -> dict[str, Any]:
-    """The job's status once it is Running with nodesReady ``shown``."""
-    return dict(
-        job_driver.wait_for(
-            f"the job Running on {shown} nodes",
-            lambda: (
-                (s := job_driver.status(namespace, "llm")).get("nodesReady") == shown
-                and s.get("phase") == "Running"
-                and s
-            ),
-            timeout=90,
-        )
-    )
-
-
 def survivors(job_driver: Any, namespace: str) -> dict[str, str]:
     """The live pods other than llm-worker-1, name to uid."""
     return {
@@ -129,7 +114,7 @@ def test_a_lost_workers_node_replaces_that_worker_alone_and_the_job_grows_back(
     pool.add_workers(3)
     job_driver.create(namespace, "llm", pool.job())
     job_driver.wait_running_pods(namespace, "llm", 4, timeout=90)
-    running = wait_nodes(job_driver, namespace, "4/4")
+    running = job_driver.wait_running_on(namespace, "llm", "4/4")
     assert running["elastic"]["desiredNodes"] == 4
     victim = job_driver.get_core(namespace, "pods", "llm-worker-1")
     lost_node = victim["spec"]["nodeName"]
@@ -151,7 +136,7 @@ def test_a_lost_workers_node_replaces_that_worker_alone_and_the_job_grows_back(
             timeout=90,
         )
         assert replaced["metadata"]["labels"]["torchfleet.dev/restart"] == "0"
-        degraded = wait_nodes(job_driver, namespace, "3/4")
+        degraded = job_driver.wait_running_on(namespace, "llm", "3/4")
         assert degraded.get("restartCount", 0) == 0  # no gang restart
         assert degraded["elastic"]["replacements"] == 1, [
             (e["reason"], e["message"]) for e in job_driver.events(namespace, "llm")
@@ -178,7 +163,7 @@ def test_a_lost_workers_node_replaces_that_worker_alone_and_the_job_grows_back(
 
     # The node is back: the replacement schedules and the job is whole again.
     job_driver.wait_running_pods(namespace, "llm", 4, timeout=90)
-    whole = wait_nodes(job_driver, namespace, "4/4")
+    whole = job_driver.wait_running_on(namespace, "llm", "4/4")
     assert whole.get("restartCount", 0) == 0
     assert whole["elastic"]["replacements"] == 1
     # The survivors were never touched.
@@ -191,7 +176,7 @@ def test_an_elastic_job_starts_on_min_nodes_and_grows_when_room_appears(
     # Room for the master and one worker: minNodes 2, so it trains on 2 of 4.
     pool.add_workers(1)
     job_driver.create(namespace, "llm", pool.job())
-    small = wait_nodes(job_driver, namespace, "2/4")
+    small = job_driver.wait_running_on(namespace, "llm", "2/4")
     assert small["elastic"] == {
         "currentNodes": 2,
         "desiredNodes": 4,
@@ -206,7 +191,7 @@ def test_an_elastic_job_starts_on_min_nodes_and_grows_when_room_appears(
     assert len(pending) == 2  # the other workers exist and wait for room
     # Room for the rest: the waiting workers schedule, the same gang grows to 4.
     pool.add_workers(2)
-    whole = wait_nodes(job_driver, namespace, "4/4")
+    whole = job_driver.wait_running_on(namespace, "llm", "4/4")
     assert whole.get("restartCount", 0) == 0
     assert whole["elastic"]["replacements"] == 0, [
         (e["reason"], e["message"]) for e in job_driver.events(namespace, "llm")
@@ -222,11 +207,11 @@ def test_resizing_a_running_elastic_job_adds_and_removes_workers_in_the_same_gan
         p["metadata"]["name"]: p["metadata"]["uid"]
         for p in job_driver.wait_running_pods(namespace, "llm", 2)
     }
-    wait_nodes(job_driver, namespace, "2/2")
+    job_driver.wait_running_on(namespace, "llm", "2/2")
 
     # Up to 4: two more workers join the running gang, nobody is replaced.
     job_driver.patch(namespace, "llm", {"spec": {"worker": {"replicas": 3}}})
-    grown = wait_nodes(job_driver, namespace, "4/4")
+    grown = job_driver.wait_running_on(namespace, "llm", "4/4")
     assert grown.get("restartCount", 0) == 0 and grown["elastic"]["replacements"] == 0
     pods = {
         p["metadata"]["name"]: p["metadata"]["uid"] for p in job_driver.live_pods(namespace, "llm")
@@ -236,7 +221,7 @@ def test_resizing_a_running_elastic_job_adds_and_removes_workers_in_the_same_gan
 
     # Down to 3: the last worker leaves; the others are untouched.
     job_driver.patch(namespace, "llm", {"spec": {"worker": {"replicas": 2}}})
-    shrunk = wait_nodes(job_driver, namespace, "3/3")
+    shrunk = job_driver.wait_running_on(namespace, "llm", "3/3")
     job_driver.wait_for(
         "llm-worker-2 gone",
         lambda: job_driver.get_core(namespace, "pods", "llm-worker-2") is None,

@@ -271,14 +271,8 @@ def test_an_elastic_gang_starts_on_min_nodes_and_the_rest_join_when_room_appears
     for blocker in blockers:
         job_driver.succeed_pod(namespace, blocker)
     pods = job_driver.wait_running_pods(namespace, "elastic", 4, timeout=90)
-    grown = job_driver.wait_for(
-        "the job Running on all 4 pods",
-        lambda: (
-            (status := job_driver.status(namespace, "elastic")).get("phase") == "Running"
-            and (status.get("elastic") or {}).get("currentNodes") == 4
-            and status
-        ),
-    )
+    grown = job_driver.wait_running_on(namespace, "elastic", "4/4")
+    assert grown["elastic"]["currentNodes"] == 4
     # The same gang grew: the first two pods kept running, nothing was replaced.
     assert {p["metadata"]["uid"] for p in placed} <= {p["metadata"]["uid"] for p in pods}
     assert grown.get("restartCount", 0) == 0 and grown["elastic"]["replacements"] == 0

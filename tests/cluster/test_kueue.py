@@ -104,14 +104,8 @@ def test_an_elastic_job_kueue_admits_partially_runs_on_the_pods_it_was_given(
     job_driver.create(namespace, "llm", job)
 
     job_driver.wait_running_pods(namespace, "llm", 3, timeout=90)
-    running = job_driver.wait_for(
-        "the job Running on 3 of its 4 pods",
-        lambda: (
-            (status := job_driver.status(namespace, "llm")).get("phase") == "Running"
-            and (status.get("elastic") or {}).get("currentNodes") == 3
-            and status
-        ),
-    )
+    running = job_driver.wait_running_on(namespace, "llm", "3/4")
+    assert running["elastic"]["currentNodes"] == 3
     assert running["elastic"]["desiredNodes"] == 4 and running["elastic"]["replacements"] == 0
     assert (
         "Kueue admitted 3 of the 4 pods"
