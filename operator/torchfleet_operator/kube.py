@@ -10,8 +10,11 @@ Rules the executor keeps so that reconciling twice changes nothing:
 
 Requests go through the client's raw REST layer with plain-dict bodies: the
 generated typed models would re-validate every pod manifest (and could drop
-fields they do not know) for no benefit here. Calls are blocking (urllib3);
-they run in worker threads, never on kopf's event loop.
+fields they do not know) for no benefit here. JSON is read and written with
+orjson: decoding responses and watch lines was the largest single part of the
+operator's CPU in a 300-job profile, and orjson does it in about half the time
+of the standard library. Calls are blocking (urllib3); they run in worker
+threads, never on kopf's event loop.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from functools import partial
 from typing import Any
 from urllib.parse import urlencode
 
+import orjson
 import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -152,7 +156,7 @@ class RawApi:
             data = response.data
         else:
             data = self._write(method, url, headers, body)
-        return json.loads(data) if data and decode else None
+        return orjson.loads(data) if data and decode else None
 
     def _write(self, method: str, url: str, headers: dict[str, str], body: Any) -> bytes:
         """A write straight through the client's urllib3 pool. The client's
@@ -160,7 +164,7 @@ class RawApi:
         call (about an eighth of a write's CPU in a 300-job py-spy profile,
         with parsing the echoed body a fifth). Bodies are JSON, which
         apply-patch+yaml takes as well."""
-        encoded = None if body is None else json.dumps(body, separators=(",", ":"))
+        encoded = None if body is None else orjson.dumps(body)
         try:
             response = self.api.rest_client.pool_manager.request(
                 method,
