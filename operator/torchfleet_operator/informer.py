@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
-import json
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from torchfleet_operator import metrics
 from torchfleet_operator.build.labels import JOB_NAME_LABEL
@@ -86,10 +87,16 @@ class PodIndex(Mapping[JobKey, tuple[ObservedPod, ...]]):
         return list(self._on_node.get(node, ()))
 
     # -- changes --
-    def apply(self, event: PodEvent) -> JobKey:
-        """Applies one event; the job it concerns."""
+    def apply(self, event: PodEvent) -> JobKey | None:
+        """Applies one event; the job it concerns, or None when the index held
+        exactly this already (an update of a field the summary does not keep,
+        the deletion of a pod it never had): nothing for a pass to see."""
         if event.pod is None:
+            if event.uid not in self._where:
+                return None
             self._remove(event.uid)
+        elif self._pods.get(event.key, {}).get(event.uid) == event.pod:
+            return None
         else:
             self._put(event.key, event.uid, event.pod)
         return event.key
@@ -202,7 +209,9 @@ class PodInformer:
 
     def _watched(self, events: list[PodEvent]) -> None:
         for event in events:
-            self._on_change(self.index.apply(event))
+            changed = self.index.apply(event)
+            if changed is not None:
+                self._on_change(changed)
 
     def _to_loop(self, call: Callable[..., None], *args: Any) -> None:
         assert self._loop is not None
@@ -258,7 +267,7 @@ class PodInformer:
         for lines in self.raw.stream(path, query, stop=self._stop):
             events: list[PodEvent] = []
             for line in lines:
-                raw_event = json.loads(line)
+                raw_event = orjson.loads(line)
                 kind, obj = raw_event.get("type"), raw_event.get("object") or {}
                 if kind == "ERROR":
                     # 410: the version is older than the apiserver keeps. Others: relist too.

@@ -92,8 +92,19 @@ def test_jobs_on_a_node_follow_their_pods():
 def test_a_deletion_of_an_unknown_pod_changes_nothing():
     index = PodIndex()
     index.apply(event("ADDED", pod("a")))
-    index.apply(event("DELETED", pod("ghost")))
+    assert index.apply(event("DELETED", pod("ghost"))) is None
     assert [p.name for p in index[("team", "llm")]] == ["a"]
+
+
+def test_an_update_the_summary_does_not_keep_wakes_no_job():
+    index = PodIndex()
+    index.apply(event("ADDED", pod("a", node="n1", phase="Running")))
+    touched = pod("a", node="n1", phase="Running")
+    touched["metadata"]["resourceVersion"] = "99"  # neither is in the summary
+    touched["metadata"]["annotations"] = {"note": "unrelated"}
+    assert index.apply(event("MODIFIED", touched)) is None
+    assert index.apply(event("MODIFIED", pod("a", node="n1", phase="Failed"))) == ("team", "llm")
+    assert [p.phase for p in index[("team", "llm")]] == ["Failed"]
 
 
 def test_a_relist_replaces_its_scope_only_and_names_every_job_that_changed():
