@@ -480,14 +480,27 @@ async def supervise(
 
 
 def _identity(body: Mapping[str, Any]) -> dict[str, Any]:
-    """A job minus its status and the apiserver's bookkeeping: what a status
-    write leaves unchanged."""
-    meta = {
+    """What a status write leaves unchanged: the job's metadata less the
+    apiserver's bookkeeping. The spec needs no copy: with the status
+    subresource, every change to it bumps ``metadata.generation``, and a copy
+    of the whole job, kept per job to compare, costs memory at scale."""
+    return {
         k: v
         for k, v in (body.get("metadata") or {}).items()
         if k not in ("resourceVersion", "managedFields")
     }
-    return {**{k: v for k, v in body.items() if k != "status"}, "metadata": meta}
+
+
+def cached_job(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A job as the jobs cache keeps it: a plain dict (kopf's Body is a live
+    view; the planner wants a value) without ``managedFields``: nothing here
+    reads it, and each manager that writes the job (the operator's status
+    writes included) adds its field set to it."""
+    job = dict(body)
+    meta = job.get("metadata")
+    if isinstance(meta, Mapping) and "managedFields" in meta:
+        job["metadata"] = {k: v for k, v in meta.items() if k != "managedFields"}
+    return job
 
 
 def _claim_key(body: dict[str, Any]) -> tuple[str, str]:

@@ -18,7 +18,7 @@ import kopf
 
 from torchfleet_operator.api.constants import GROUP, PLURAL, VERSION
 from torchfleet_operator.build.labels import JOB_NAME_LABEL
-from torchfleet_operator.controller import Controller
+from torchfleet_operator.controller import Controller, cached_job
 from torchfleet_operator.metrics import JobKey
 from torchfleet_operator.observed import ObservedNode
 from torchfleet_operator.policy.admission import Flavor, ObservedWorkload
@@ -97,8 +97,7 @@ async def queue_depth(memo: Any, **_: Any) -> int:
 
 @kopf.index(GROUP, VERSION, PLURAL)
 async def tf_jobs(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    # A plain dict: kopf's Body is a live view; the planner wants a value.
-    return {(namespace, name): {key: body[key] for key in body}}
+    return {(namespace, name): cached_job(body)}
 
 
 @kopf.index("nodes")
