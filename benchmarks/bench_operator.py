@@ -4,7 +4,12 @@ Measured in one run against the same apiserver:
 * baseline: a bare client creates the same 9*N pods (the manifests the
   operator would build) with the same API concurrency;
 * operator: N TrainingJobs are applied and the operator creates the pods.
-For both: per-job latency from apply to all 9 pods created and to all 9
+With ``--services-baseline`` a third half, "services", is the bare client again
+creating each job's headless Service before its pods: the cluster's own cost
+of the Services (the endpoint controllers and the scheduler's default spread
+match every pod against every Service in its namespace) apart from the
+operator's.
+For each: per-job latency from apply to all 9 pods created and to all 9
 Running (p50/p99), pods created per second, apiserver requests per job (the
 apiserver's own ``apiserver_request_total``); for the operator also its own
 API calls per job, peak RSS and CPU seconds. JSON goes to benchmarks/results/.
@@ -41,9 +46,13 @@ from tests.fixtures.cluster import Cluster  # noqa: E402
 from tests.fixtures.operator import apply_crd, fake_node, launch  # noqa: E402
 from torchfleet_operator.api.v1alpha1 import TrainingJob  # noqa: E402
 from torchfleet_operator.build.pods import build_pod  # noqa: E402
+from torchfleet_operator.build.service import headless_service  # noqa: E402
 from torchfleet_operator.kube import RawApi, make_api_client  # noqa: E402
 
 PODS_PER_NODE = 500
+# Between halves: idle is leases and node heartbeats, a few requests a second.
+QUIET_WINDOW_S = 3.0
+QUIET_REQUESTS_PER_S = 15.0
 CONCURRENCY = 16
 BENCH_TAINT = {"key": "torchfleet.dev/bench", "value": "true", "effect": "NoSchedule"}
 TEMPLATE = {
@@ -267,10 +276,13 @@ def wait_until(what: str, check: Any, timeout: float) -> None:
         time.sleep(0.1)
 
 
-def baseline_run(raw: RawApi, namespace: str, shape: Shape, timeout: float) -> dict[str, Any]:
+def baseline_run(
+    raw: RawApi, namespace: str, shape: Shape, timeout: float, services: bool = False
+) -> dict[str, Any]:
     """A bare client creating exactly the pods the operator would create, CONCURRENCY
     requests in flight, job after job (so one huge job's pods go in parallel too).
-    A job's clock starts when its first pod is sent."""
+    With ``services``, each job's headless Service goes first, from the same request
+    as its master. A job's clock starts when its first object is sent."""
     watch = PodWatch(shape.pods_per_job)
     threading.Thread(target=watch.run, args=(raw, namespace), daemon=True).start()
     time.sleep(0.5)
@@ -284,6 +296,10 @@ def baseline_run(raw: RawApi, namespace: str, shape: Shape, timeout: float) -> d
         job = f"job-{job_rank[0]:05d}"
         started.setdefault(job, time.monotonic())
         uid = uids.setdefault(job, str(uuid.uuid4()))
+        if services and job_rank[1] == 0:
+            service = headless_service(job, namespace, uid)
+            service["metadata"].pop("ownerReferences")
+            raw.request("POST", f"/api/v1/namespaces/{namespace}/services", service)
         pod = build_pod(job, namespace, uid, spec, job_rank[1], 0, "bench/trainer:1")
         pod["metadata"].pop("ownerReferences")  # no TrainingJob owns these
         pod["metadata"]["labels"]["bench-job"] = job
@@ -469,6 +485,23 @@ def delete_namespace(raw: RawApi, kubectl: Any, namespace: str, timeout: float) 
         print(f"namespace {namespace} still being deleted: {exc}")
 
 
+def wait_quiet(raw: RawApi, timeout: float) -> None:
+    """Waits until the apiserver is back to its idle request rate: after a
+    namespace is gone, the controllers are still deleting what the Services left
+    (kcm's DELETE endpoints, the garbage collector's slices), which would
+    otherwise land in the next half's figures."""
+    start = time.monotonic()
+    last = apiserver_figures(raw).requests
+    while time.monotonic() < start + timeout:
+        time.sleep(QUIET_WINDOW_S)
+        now = apiserver_figures(raw).requests
+        if now - last <= QUIET_REQUESTS_PER_S * QUIET_WINDOW_S:
+            print(f"apiserver quiet {time.monotonic() - start:.0f}s after the clean-up")
+            return
+        last = now
+    print(f"the apiserver was still busy {timeout:.0f}s after the clean-up; going on")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=100)
@@ -480,6 +513,11 @@ def main() -> int:
         type=float,
         help="seconds allowed for each wait (default: 900, or 3 s per job above 300 jobs)",
     )
+    parser.add_argument(
+        "--services-baseline",
+        action="store_true",
+        help="a third half: the bare client creating each job's headless Service, then its pods",
+    )
     args = parser.parse_args()
     args.timeout = args.timeout or max(900.0, 3.0 * args.jobs)
     kubeconfig = kubeconfig_for_run()
@@ -490,16 +528,21 @@ def main() -> int:
     ensure_bench_nodes(raw, math.ceil(args.jobs * shape.pods_per_job / PODS_PER_NODE) + 1)
     run_id = uuid.uuid4().hex[:6]
     results: dict[str, Any] = {"jobs": args.jobs, "pods_per_job": shape.pods_per_job}
-    for name in ("baseline", "operator"):
+    halves = ["baseline", "services", "operator"]
+    if not args.services_baseline:
+        halves.remove("services")
+    for name in halves:
         namespace = f"bench-{name}-{run_id}"
         kubectl("create", "namespace", namespace)
         try:
-            if name == "baseline":
-                results[name] = baseline_run(raw, namespace, shape, args.timeout)
+            if name != "operator":
+                services = name == "services"
+                results[name] = baseline_run(raw, namespace, shape, args.timeout, services)
             else:
                 results[name] = operator_run(raw, kubeconfig, namespace, shape, args.timeout)
         finally:
             delete_namespace(raw, kubectl, namespace, args.timeout)
+            wait_quiet(raw, args.timeout)
     # The fake nodes go too (KWOK keeps heart-beating them otherwise).
     kubectl("delete", "nodes", "-l", "torchfleet.dev/bench-node=true", "--wait=false")
     base, op = results["baseline"], results["operator"]
@@ -512,6 +555,14 @@ def main() -> int:
         # Issue 17's yardstick: the slowest job against the bare client's time for all pods.
         "created_p99_vs_baseline_all_created": op["created_p99_s"] / base["all_created_s"],
     }
+    if "services" in results:  # the operator against a bare client paying for the same Services
+        svc = results["services"]
+        results["ratio_operator_vs_services"] = {
+            "pods_created_per_s": op["pods_created_per_s"] / svc["pods_created_per_s"],
+            "running_p50": op["running_p50_s"] / svc["running_p50_s"],
+            "apiserver_requests_per_job": op["apiserver_requests_per_job"]
+            / svc["apiserver_requests_per_job"],
+        }
     results["targets"] = targets(results)
     out_dir = REPO / "benchmarks" / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -555,32 +606,41 @@ def targets(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def print_table(results: dict[str, Any]) -> None:
-    base, op = results["baseline"], results["operator"]
+    halves = [name for name in ("baseline", "services", "operator") if name in results]
+    op = results["operator"]
     rows = [
         ("apply -> all pods created p50 (s)", "created_p50_s"),
         ("apply -> all pods created p99 (s)", "created_p99_s"),
         ("apply -> all pods Running p50 (s)", "running_p50_s"),
         ("apply -> all pods Running p99 (s)", "running_p99_s"),
         ("pods created per second", "pods_created_per_s"),
+        ("all pods created (s)", "all_created_s"),
         ("apiserver requests per job", "apiserver_requests_per_job"),
     ]
+    pad = "".join(f"{'':12}" for _ in halves[1:])  # the operator's own rows: its column only
     print(f"\n{results['jobs']} jobs x {results['pods_per_job']} pods")
-    print(f"{'':38}{'baseline':>12}{'operator':>12}")
+    print(f"{'':38}" + "".join(f"{name:>12}" for name in halves))
     for label, key in rows:
-        print(f"{label:38}{base[key]:12.2f}{op[key]:12.2f}")
-    print(f"{'TrainingJob POST (admission) p50 (s)':38}{'':12}{op['job_create_p50_s']:12.2f}")
-    print(f"{'operator API calls per job (own)':38}{'':12}{op['operator_api_calls_per_job']:12.2f}")
-    print(f"{'  of which status writes':38}{'':12}{op['operator_status_writes_per_job']:12.2f}")
-    print(f"{'operator peak RSS (MiB)':38}{'':12}{op['operator_peak_rss_mib']:12.1f}")
-    print(f"{'operator CPU seconds':38}{'':12}{op['operator_cpu_seconds']:12.1f}")
+        print(f"{label:38}" + "".join(f"{results[name][key]:12.2f}" for name in halves))
+    print(f"{'TrainingJob POST (admission) p50 (s)':38}{pad}{op['job_create_p50_s']:12.2f}")
+    print(f"{'operator API calls per job (own)':38}{pad}{op['operator_api_calls_per_job']:12.2f}")
+    print(f"{'  of which status writes':38}{pad}{op['operator_status_writes_per_job']:12.2f}")
+    print(f"{'operator peak RSS (MiB)':38}{pad}{op['operator_peak_rss_mib']:12.1f}")
+    print(f"{'operator CPU seconds':38}{pad}{op['operator_cpu_seconds']:12.1f}")
     ratio = results["ratio_operator_vs_baseline"]
     print(
         f"operator/baseline: pods/s {ratio['pods_created_per_s']:.2f}, "
         f"created p50 {ratio['created_p50']:.2f}, running p50 {ratio['running_p50']:.2f}"
     )
-    print(f"{'all pods created (s)':38}{base['all_created_s']:12.2f}{op['all_created_s']:12.2f}")
+    if "ratio_operator_vs_services" in results:
+        ratio = results["ratio_operator_vs_services"]
+        print(
+            f"operator/services: pods/s {ratio['pods_created_per_s']:.2f}, "
+            f"running p50 {ratio['running_p50']:.2f}, "
+            f"requests per job {ratio['apiserver_requests_per_job']:.2f}"
+        )
     print(f"load average (1 min) at the end: {results['load_average_1m_at_end']:.1f}")
-    for name in ("baseline", "operator"):
+    for name in halves:
         print(f"apiserver time by call, {name} run (seconds, per job, mean ms):")
         for call in results[name]["apiserver_busiest_calls"]:
             print(
@@ -588,13 +648,12 @@ def print_table(results: dict[str, Any]) -> None:
                 f"{call['mean_ms']:9.1f}"
             )
     heading = "CPU seconds by control-plane process (to all Running):"
-    print(f"{heading:54}{'baseline':>10}{'operator':>10}")
+    print(f"{heading:54}" + "".join(f"{name:>10}" for name in halves))
     for component in COMPONENTS:
-        spent = [
-            results[name]["component_cpu_seconds"][component] for name in ("baseline", "operator")
-        ]
-        print(f"  {component:52}{spent[0]:10.1f}{spent[1]:10.1f}")
-    print(f"  {'the operator itself':52}{'':10}{op['operator_cpu_seconds']:10.1f}")
+        spent = [results[name]["component_cpu_seconds"][component] for name in halves]
+        print(f"  {component:52}" + "".join(f"{value:10.1f}" for value in spent))
+    cpu_pad = " " * 10 * (len(halves) - 1)
+    print(f"  {'the operator itself':52}{cpu_pad}{op['operator_cpu_seconds']:10.1f}")
     for name, target in results["targets"].items():
         verdict = "met" if target["met"] else "NOT met"
         print(f"target {name}: {target['value']:.2f} ({target['limit']}): {verdict}")
