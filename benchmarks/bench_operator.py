@@ -54,6 +54,8 @@ PODS_PER_NODE = 500
 QUIET_WINDOW_S = 3.0
 QUIET_REQUESTS_PER_S = 15.0
 CONCURRENCY = 16
+# The bench's halves in the order they run; "services" only with --services-baseline.
+HALVES = ("baseline", "services", "operator")
 BENCH_TAINT = {"key": "torchfleet.dev/bench", "value": "true", "effect": "NoSchedule"}
 TEMPLATE = {
     "spec": {
@@ -281,8 +283,8 @@ def baseline_run(
 ) -> dict[str, Any]:
     """A bare client creating exactly the pods the operator would create, CONCURRENCY
     requests in flight, job after job (so one huge job's pods go in parallel too).
-    With ``services``, each job's headless Service goes first, from the same request
-    as its master. A job's clock starts when its first object is sent."""
+    With ``services``, each job's headless Service is sent just before its master,
+    by the same thread. A job's clock starts when its first object is sent."""
     watch = PodWatch(shape.pods_per_job)
     threading.Thread(target=watch.run, args=(raw, namespace), daemon=True).start()
     time.sleep(0.5)
@@ -528,10 +530,9 @@ def main() -> int:
     ensure_bench_nodes(raw, math.ceil(args.jobs * shape.pods_per_job / PODS_PER_NODE) + 1)
     run_id = uuid.uuid4().hex[:6]
     results: dict[str, Any] = {"jobs": args.jobs, "pods_per_job": shape.pods_per_job}
-    halves = ["baseline", "services", "operator"]
-    if not args.services_baseline:
-        halves.remove("services")
-    for name in halves:
+    for name in HALVES:
+        if name == "services" and not args.services_baseline:
+            continue
         namespace = f"bench-{name}-{run_id}"
         kubectl("create", "namespace", namespace)
         try:
@@ -606,7 +607,7 @@ def targets(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def print_table(results: dict[str, Any]) -> None:
-    halves = [name for name in ("baseline", "services", "operator") if name in results]
+    halves = [name for name in HALVES if name in results]
     op = results["operator"]
     rows = [
         ("apply -> all pods created p50 (s)", "created_p50_s"),
@@ -617,7 +618,7 @@ def print_table(results: dict[str, Any]) -> None:
         ("all pods created (s)", "all_created_s"),
         ("apiserver requests per job", "apiserver_requests_per_job"),
     ]
-    pad = "".join(f"{'':12}" for _ in halves[1:])  # the operator's own rows: its column only
+    pad = " " * 12 * (len(halves) - 1)  # the operator's own rows: its column only
     print(f"\n{results['jobs']} jobs x {results['pods_per_job']} pods")
     print(f"{'':38}" + "".join(f"{name:>12}" for name in halves))
     for label, key in rows:
