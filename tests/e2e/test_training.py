@@ -19,6 +19,7 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -40,6 +41,7 @@ from tests.fixtures.e2e import (
     on_session_nodes,
 )
 from tests.fixtures.operator import free_port
+from torchfleet_operator.api import GROUP, PLURAL, VERSION
 
 from nodeagent import procs  # isort: skip  (dev/ is put on the path by the fixtures)
 
@@ -53,6 +55,9 @@ SHARED_CORPUS = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
 # context. The example ends near 2.4 (measured on this machine).
 VAL_LOSS_THRESHOLD = 2.8
 KILL_AFTER_STEP = 100
+# How long one watch request of the progress recorder lasts: also the longest it
+# takes to notice it was stopped when no status write comes.
+WATCH_TIMEOUT_SECONDS = 10
 
 
 def load_example(name: str) -> dict[str, Any]:
@@ -120,6 +125,93 @@ class ShakespeareRun:
     claim_dir: Path | None = None
 
 
+class ProgressRecorder:
+    """Every status.progress the job's status writes carried, in order, from a
+    watch: a poll sees only the writes that last until it looks, and a gang
+    restart's reset can last less than a second before the new gang's scrape."""
+
+    def __init__(self, cluster: Any, namespace: str, name: str) -> None:
+        from kubernetes import client
+
+        self.api = client.CustomObjectsApi(cluster.api_client())
+        self.namespace, self.name = namespace, name
+        self.seen: list[dict[str, Any]] = []
+        self.stopped = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._record, daemon=True)
+
+    def __enter__(self) -> ProgressRecorder:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=WATCH_TIMEOUT_SECONDS + 30)
+        assert not self.thread.is_alive(), "the progress watch did not stop"
+        if self.error is not None:
+            raise AssertionError(f"the progress watch failed: {self.error!r}")
+
+    def _record(self) -> None:
+        from kubernetes import watch
+        from kubernetes.client.exceptions import ApiException
+
+        version = None
+        try:
+            while not self.stopped.is_set():
+                stream = watch.Watch().stream(
+                    self.api.list_namespaced_custom_object,
+                    GROUP,
+                    VERSION,
+                    self.namespace,
+                    PLURAL,
+                    field_selector=f"metadata.name={self.name}",
+                    resource_version=version,
+                    timeout_seconds=WATCH_TIMEOUT_SECONDS,
+                    allow_watch_bookmarks=True,
+                )
+                try:
+                    for event in stream:
+                        obj = event["object"]
+                        version = obj["metadata"]["resourceVersion"]
+                        progress = (obj.get("status") or {}).get("progress")
+                        if (
+                            event["type"] != "BOOKMARK"
+                            and progress
+                            and progress not in self.seen[-1:]
+                        ):
+                            self.seen.append(progress)
+                        if self.stopped.is_set():
+                            break
+                except ApiException as error:
+                    if error.status != 410:
+                        raise
+                    version = None  # compacted: start again from a fresh list
+        except BaseException as error:  # surfaced by __exit__, not lost in the thread
+            self.error = error
+
+
+@contextlib.contextmanager
+def held(ranks: list[Any]) -> Iterator[None]:
+    """The rank processes stopped (SIGSTOP) inside the block, and let go after it."""
+    for rank in ranks:
+        procs.kill(rank, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for rank in ranks:
+            with contextlib.suppress(ProcessLookupError):
+                procs.kill(rank, signal.SIGCONT)
+
+
+def _shows_the_running_gang(job: dict[str, Any], checkpoint: int) -> bool:
+    """The status holds a scrape of the running gang (its rates) taken once it
+    had saved the checkpoint."""
+    status = job.get("status") or {}
+    progress = status.get("progress") or {}
+    saved = (status.get("lastCheckpoint") or {}).get("step")
+    return "tokensPerSecond" in progress and isinstance(saved, int) and saved >= checkpoint
+
+
 def write_corpus(cluster: Any, namespace: str, agent: NodeAgent) -> None:
     """The corpus PVC the example mounts, filled through the agent's local volume."""
     import demo  # dev/demo.py: builds a corpus when ../shared is absent
@@ -158,21 +250,21 @@ def shakespeare(cluster, node_agent, e2e_operator, prometheus) -> Iterator[Shake
     with corpus_namespace(cluster, node_agent, e2e_operator, "e2e-shakespeare") as namespace:
         job_manifest = copy.deepcopy(SHAKESPEARE)
         name = job_manifest["metadata"]["name"]
-        apply_objects(cluster, namespace, job_manifest)
-        yield _run_with_a_killed_worker(cluster, namespace, name, node_agent)
+        with ProgressRecorder(cluster, namespace, name) as recorder:
+            apply_objects(cluster, namespace, job_manifest)
+            run = _run_with_a_killed_worker(cluster, namespace, name, node_agent)
+        run.progress_seen = recorder.seen
+        yield run
 
 
 def _run_with_a_killed_worker(
     cluster: Any, namespace: str, name: str, agent: NodeAgent
 ) -> ShakespeareRun:
-    progress_seen: list[dict[str, Any]] = []
     rows: list[str] = []
     master = f"{name}-master-0"
 
     def observe() -> dict[str, Any]:
         job = get_job(cluster, namespace, name)
-        if job.get("status", {}).get("progress"):
-            progress_seen.append(job["status"]["progress"])
         rows.append(cluster.kubectl("get", "tj", name, "-n", namespace, "--no-headers").stdout)
         return job
 
@@ -181,7 +273,7 @@ def _run_with_a_killed_worker(
         return [e["step"] for e in events(logs[0], "checkpoint")] if logs else []
 
     # Midway: as soon as the trainer has saved step KILL_AFTER_STEP (read from
-    # its log, which is faster than any status), kill one rank of the worker.
+    # its log, which is faster than any status), hold the gang there.
     deadline = time.monotonic() + 540
     job = observe()
     while max(saved_steps(), default=0) < KILL_AFTER_STEP:
@@ -191,8 +283,17 @@ def _run_with_a_killed_worker(
         job = observe()
     ranks = procs.rank_processes(pod_uid(cluster, namespace, f"{name}-worker-0"))
     assert len(ranks) == 2, f"expected 2 rank processes in the worker pod: {ranks}"
-    procs.kill(ranks[0], signal.SIGKILL)
-    checkpoint_at_kill = max(saved_steps())
+    with held(ranks):
+        # An idle machine runs 100 steps in 2 s, quicker than the operator's
+        # 2 s scrapes: the stopped worker holds every rank in its all-reduce
+        # (the master still serves /metrics) until the status has shown this
+        # gang's progress and its checkpoint, as on a slower machine.
+        checkpoint_at_kill = max(saved_steps())
+        while not _shows_the_running_gang(job, checkpoint_at_kill):
+            assert time.monotonic() < deadline, f"gang never in status: {job.get('status')}"
+            time.sleep(0.2)
+            job = observe()
+        procs.kill(ranks[0], signal.SIGKILL)
 
     deadline = time.monotonic() + 540
     while job.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
@@ -206,7 +307,6 @@ def _run_with_a_killed_worker(
         first_master_log=master_logs[0],
         final_master_log=master_logs[-1],
         checkpoint_step_at_kill=checkpoint_at_kill,
-        progress_seen=progress_seen,
         printed_rows=rows,
         claim_dir=agent.claim_dir(namespace, f"{name}-checkpoint"),
     )
