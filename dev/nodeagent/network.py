@@ -57,19 +57,26 @@ class Bridge:
 
 class AddressPool:
     """Hands out the addresses of one node's pod range (a /24 in the bridge's
-    network), lowest free first, so pod IPs stay small and readable."""
+    network) in turn, the free one after the last handed out, as the CNI's
+    host-local IPAM does: an address just freed is the last to come back, so
+    a peer's neighbour cache that still maps it to the old pod's MAC has
+    expired before a new pod answers at it."""
 
     def __init__(self, cidr: str, reserved: set[str]) -> None:
         self._hosts = [str(h) for h in ipaddress.ip_network(cidr).hosts()]
         self._used = set(reserved)
+        self._last = -1
         self._lock = threading.Lock()
 
     def allocate(self) -> str:
         with self._lock:
-            for host in self._hosts:
-                if host not in self._used:
-                    self._used.add(host)
-                    return host
+            count = len(self._hosts)
+            for offset in range(1, count + 1):
+                index = (self._last + offset) % count
+                if self._hosts[index] not in self._used:
+                    self._used.add(self._hosts[index])
+                    self._last = index
+                    return self._hosts[index]
         raise RuntimeError("no free pod address left on this node")
 
     def release(self, ip: str) -> None:
@@ -117,7 +124,11 @@ def create_pod_network(pod_uid: str, ip: str, bridge: Bridge) -> PodNetwork:
 
 
 def delete_pod_network(netns: str) -> None:
-    """Deleting the namespace also deletes its veth pair."""
+    """The pod's eth0 first, which takes its veth pair off the bridge at once,
+    then the namespace. Deleting the namespace alone frees its devices later,
+    in the kernel's own time: until then the old pod's eth0 still answers ARP
+    for an address the pool may already have handed to a new pod."""
+    _ip("-n", netns, "link", "del", "eth0", check=False)
     _ip("netns", "del", netns, check=False)
 
 
