@@ -31,6 +31,7 @@ def scraped_progress() -> tuple[dict[str, Any], int | None]:
     trainer.loss.set(1.93)
     trainer.tokens_per_second.set(51234.5)
     trainer.mfu.set(0.41)
+    trainer.step_seconds.observe(0.5)  # the trainer times each step it reports
     trainer.checkpoint_step.set(400)
     trainer.checkpoint_save_seconds.observe(3.0)
     return progress_from_metrics(generate_latest(trainer.registry).decode(), "2026-11-20T23:10:00Z")

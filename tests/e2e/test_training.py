@@ -352,6 +352,9 @@ def test_progress_and_checkpoint_in_status_and_printer_columns(shakespeare: Shak
     scraped = [p for p in midway if "tokensPerSecond" in p]
     assert scraped, "status.progress never showed a run in progress"
     assert all(p["loss"] > 0 and p["tokensPerSecond"] > 0 for p in scraped)
+    # Nor, before a gang's first step, the trainer's gauges' initial zeros.
+    zeros = [p for p in shakespeare.progress_seen if 0 in (p.get("loss"), p.get("tokensPerSecond"))]
+    assert not zeros, zeros
     assert any("etaSeconds" in p for p in scraped)
     # Never stale: between the restart and the new gang's first scrape, status
     # showed the step the new gang resumes from (a checkpoint the first gang saved).

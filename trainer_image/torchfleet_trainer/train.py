@@ -322,6 +322,8 @@ class Trainer:
         if self.metrics:
             self.metrics.checkpoint_load_seconds.set(seconds)
             self.metrics.checkpoint_step.set(step)
+            # The last completed step is the checkpoint's until this gang logs one.
+            self.metrics.step.set(step)
         self.log("resumed", step=step, load_seconds=round(seconds, 4))
         return step
 

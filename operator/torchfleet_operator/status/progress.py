@@ -144,6 +144,26 @@ def progress_from_metrics(text: str, now: str) -> tuple[dict[str, Any] | None, i
         eta = _eta_seconds(gauges, step, total)
         if eta is not None:
             progress["etaSeconds"] = eta
+    if not _before_the_first_step(gauges):
+        _add_rates(progress, gauges)
+    saving = _bounded_float(
+        gauges.get(CHECKPOINT_SAVE_SECONDS_SUM), ProgressStatus, "checkpoint_save_seconds"
+    )
+    if saving is not None:
+        progress["checkpointSaveSeconds"] = round(saving, 3)
+    return progress, checkpoint
+
+
+def _before_the_first_step(gauges: dict[str, float]) -> bool:
+    """This process has timed no step yet: its loss, throughput and MFU gauges
+    still hold their initial 0, which the status must not show (a loss of 0
+    reads as a perfect model). Only the trainer's step histogram says so; a
+    script without it is taken at its word."""
+    return gauges.get(STEP_SECONDS_COUNT) == 0
+
+
+def _add_rates(progress: dict[str, Any], gauges: dict[str, float]) -> None:
+    """The last logged step's loss, throughput and MFU, each within its bounds."""
     loss = _bounded_float(gauges.get(LOSS), ProgressStatus, "loss")
     if loss is not None:
         progress["loss"] = round(loss, 6)
@@ -153,12 +173,6 @@ def progress_from_metrics(text: str, now: str) -> tuple[dict[str, Any] | None, i
     mfu = _bounded_float(gauges.get(MFU), ProgressStatus, "mfu")
     if mfu is not None:
         progress["mfu"] = round(mfu, 4)
-    saving = _bounded_float(
-        gauges.get(CHECKPOINT_SAVE_SECONDS_SUM), ProgressStatus, "checkpoint_save_seconds"
-    )
-    if saving is not None:
-        progress["checkpointSaveSeconds"] = round(saving, 3)
-    return progress, checkpoint
 
 
 def is_current(

@@ -15,6 +15,7 @@ def test_poller_reads_the_trainers_gauges_and_reports_only_changes():
     metrics.step.set(40)
     metrics.loss.set(2.25)
     metrics.tokens_per_second.set(1234.5)
+    metrics.step_seconds.observe(0.5)  # a step timed, as the trainer reports each one
     changed: list[str] = []
 
     async def scenario() -> None:

@@ -70,6 +70,27 @@ CASES: list[tuple[str, str, dict[str, Any] | None, int | None]] = [
         None,
     ),
     (
+        "no step timed yet: the gauges' initial zeros are not rates",
+        metrics(
+            STEP="100",
+            TOTAL_STEPS="300",
+            LOSS="0",
+            TOKENS_PER_SECOND="0",
+            MFU="0",
+            STEP_SECONDS_SUM="0",
+            STEP_SECONDS_COUNT="0",
+            CHECKPOINT_STEP="100",
+        ),
+        {"step": 100, "totalSteps": 300, "percent": 33},
+        100,
+    ),
+    (
+        "a script without the step histogram is taken at its word",
+        metrics(STEP="5", LOSS="0", TOKENS_PER_SECOND="0"),
+        {"step": 5, "loss": 0, "tokensPerSecond": 0},
+        None,
+    ),
+    (
         "sum zero: no ETA",
         metrics(STEP="50", TOTAL_STEPS="200", STEP_SECONDS_SUM="0", STEP_SECONDS_COUNT="50"),
         {"step": 50, "totalSteps": 200, "percent": 25},

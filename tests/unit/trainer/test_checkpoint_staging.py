@@ -5,27 +5,15 @@ wait. A one-rank gloo group in this process (the Checkpointer runs collectives).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from torchfleet_trainer.checkpoint import Checkpointer, step_dir
 from torchfleet_trainer.config import CheckpointConfig
-
-
-@pytest.fixture
-def one_rank() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 class Gate:
