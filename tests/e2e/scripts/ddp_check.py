@@ -5,6 +5,7 @@ nothing here knows about torchfleet. Each rank prints one JSON line."""
 import json
 import os
 import socket
+import sys
 
 import torch
 import torch.distributed as dist
@@ -24,19 +25,19 @@ def main() -> None:
     model(torch.tensor([[float(rank + 1)]])).sum().backward()
     grad = model.module.weight.grad.item()
 
-    print(
-        json.dumps(
-            {
-                "rank": rank,
-                "world_size": world_size,
-                "env": {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")},
-                "all_reduce_sum": value.item(),
-                "ddp_grad": grad,
-                "host": socket.gethostname(),
-            }
-        ),
-        flush=True,
-    )
+    report = {
+        "rank": rank,
+        "world_size": world_size,
+        "env": {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")},
+        "all_reduce_sum": value.item(),
+        "ddp_grad": grad,
+        "host": socket.gethostname(),
+    }
+    # One write per line: the pod's ranks share its log, and with an unbuffered
+    # stdout (the image sets PYTHONUNBUFFERED) print() writes the text and its
+    # newline apart, so two ranks' lines could run together.
+    sys.stdout.write(json.dumps(report) + "\n")
+    sys.stdout.flush()
     dist.barrier()
     dist.destroy_process_group()
 
