@@ -53,6 +53,8 @@ def test_a_deleted_pod_network_leaves_nothing_on_the_bridge(bridge: network.Brid
     for _ in range(10):
         uid = str(uuid.uuid4())
         net = network.create_pod_network(uid, "10.231.1.1", bridge)
-        assert on_bridge(bridge) == [network._veth_name(uid)]
-        network.delete_pod_network(net.netns)
+        try:
+            assert on_bridge(bridge) == [network._veth_name(uid)]
+        finally:
+            network.delete_pod_network(net.netns)
         assert on_bridge(bridge) == []

@@ -173,12 +173,9 @@ class ProgressRecorder:
                     for event in stream:
                         obj = event["object"]
                         version = obj["metadata"]["resourceVersion"]
+                        # A bookmark carries no status; an unchanged progress is no news.
                         progress = (obj.get("status") or {}).get("progress")
-                        if (
-                            event["type"] != "BOOKMARK"
-                            and progress
-                            and progress not in self.seen[-1:]
-                        ):
+                        if progress and progress not in self.seen[-1:]:
                             self.seen.append(progress)
                         if self.stopped.is_set():
                             break
