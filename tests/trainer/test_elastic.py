@@ -33,6 +33,7 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.trainer import cpu_description
 from tests.trainer.cli_process import TrainerProcess, free_port
 from tests.trainer.test_strategies import GRAD_NORM_REL_TOL, LOSS_TOL, base, learnable_tokens
 from torchfleet_trainer import contract
@@ -136,9 +137,19 @@ def first_to_log(
 def assert_tracks(run: dict[int, dict[str, Any]], reference: dict[int, dict[str, Any]]) -> None:
     for step, record in run.items():
         expected = reference[step]
-        assert abs(record["loss"] - expected["loss"]) <= LOSS_TOL, (step, record, expected)
+        assert abs(record["loss"] - expected["loss"]) <= LOSS_TOL, (
+            step,
+            record,
+            expected,
+            cpu_description(),
+        )
         norm, expected_norm = record["grad_norm"], expected["grad_norm"]
-        assert abs(norm / expected_norm - 1) <= GRAD_NORM_REL_TOL, (step, record, expected)
+        assert abs(norm / expected_norm - 1) <= GRAD_NORM_REL_TOL, (
+            step,
+            record,
+            expected,
+            cpu_description(),
+        )
 
 
 def test_losing_a_node_resumes_on_three_ranks_with_the_same_losses(tmp_path: Path) -> None:
