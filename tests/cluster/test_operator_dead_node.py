@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.fixtures.operator import kwok_job_spec as spec
+from torchfleet_operator.status.conditions import find
 
 pytestmark = pytest.mark.cluster
 
@@ -126,3 +127,52 @@ def test_a_gang_stalled_by_a_dead_node_is_recreated_after_the_force_delete_grace
         for p in job_driver.pods(namespace, "llm")
     ), "no pod of the old gang may be left"
     print(f"gang recreated {recovered:.1f}s after the force-deleting operator started")
+
+
+def test_a_lost_node_restarts_a_fixed_gang_without_spending_its_backoff_limit(
+    operator_factory, job_driver, namespace, dead_nodes
+):
+    # backoffLimit 0: a single failure counted against it would fail the job.
+    operator_factory(
+        env={"TORCHFLEET_OPERATOR_NODE_LOSS_FORCE_DELETE_SECONDS": str(FORCE_DELETE_AFTER)},
+        namespaces=(namespace,),
+    )
+    job_driver.create(namespace, "llm", spec(workers=2, runPolicy={"backoffLimit": 0}))
+    job_driver.wait_running_pods(namespace, "llm", 3)
+    job_driver.wait_phase(namespace, "llm", "Running")
+    victim = job_driver.get_core(namespace, "pods", "llm-worker-1")
+    node = victim["spec"]["nodeName"]
+    on_node = [
+        p["metadata"]["name"]
+        for p in job_driver.pods(namespace, "llm")
+        if p["spec"].get("nodeName") == node
+    ]
+    lost = time.monotonic()
+    dead_nodes.kill(node, namespace, on_node)
+
+    restarting = job_driver.wait_for(
+        "a gang restart for the lost node",
+        lambda: (s := job_driver.status(namespace, "llm")).get("restartCount", 0) >= 1 and s,
+        timeout=60,
+    )
+    assert (find(restarting["conditions"], "Restarting") or {}).get("reason") == "NodeLost", (
+        restarting
+    )
+    # The dead kubelet never confirms the deletion: the operator force-deletes
+    # the stuck pod, and not before the node has been lost for the grace.
+    job_driver.wait_for(
+        "the stuck pod force-deleted",
+        lambda: (
+            (pod := job_driver.get_core(namespace, "pods", "llm-worker-1")) is None
+            or pod["metadata"]["uid"] != victim["metadata"]["uid"]
+        ),
+        timeout=FORCE_DELETE_AFTER + 60,
+    )
+    assert time.monotonic() - lost >= FORCE_DELETE_AFTER
+    new = job_driver.wait_running_pods(namespace, "llm", 3, restart=1, timeout=60)
+    assert node not in {p["spec"]["nodeName"] for p in new}
+    status = job_driver.wait_phase(namespace, "llm", "Running")
+    assert status["restartCount"] == 1 and status["disruptions"] == 1, status
+    job_driver.succeed_pod(namespace, "llm-master-0")
+    done = job_driver.wait_phase(namespace, "llm", "Succeeded")
+    assert done["disruptions"] == 1 and done["restartCount"] == 1, done
