@@ -287,11 +287,15 @@ def test_a_job_suspended_past_its_deadline_resumes_and_runs(shared_operator, job
     assert "startTime" not in created
     resume_after = time.monotonic() + 6
     job_driver.wait_for("the deadline to pass", lambda: time.monotonic() > resume_after, 10)
+    resumed = time.monotonic()
     job_driver.patch(namespace, "llm", {"spec": {"suspend": False}})
     job_driver.wait_running_pods(namespace, "llm", 2)
     job_driver.wait_phase(namespace, "llm", "Running")
-    # It fails at its deadline counted from the resume, not from the creation.
+    # It fails at its deadline counted from the resume, not from the creation
+    # (which was already more than the deadline ago), less at most the second
+    # that status.startTime's whole seconds drop.
     failed = job_driver.wait_phase(namespace, "llm", "Failed", timeout=30)
+    assert time.monotonic() - resumed >= 5 - 1
     assert condition(failed, "Failed")["reason"] == "DeadlineExceeded"
     job_driver.wait_for("no pods held", lambda: not job_driver.pods(namespace, "llm"))
 

@@ -6,6 +6,7 @@ KWOK runs pods on fake GPU nodes and fails or completes them on demand.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -151,8 +152,16 @@ def test_suspend_removes_pods_and_resume_runs_again(shared_operator, job_driver,
 
 
 def test_active_deadline_fails_the_job(shared_operator, job_driver, namespace):
-    job_driver.create(namespace, "llm", spec(workers=1, runPolicy={"activeDeadlineSeconds": 3}))
-    failed = job_driver.wait_phase(namespace, "llm", "Failed", timeout=30)
+    deadline = 3
+    submitted = time.monotonic()
+    job_driver.create(
+        namespace, "llm", spec(workers=1, runPolicy={"activeDeadlineSeconds": deadline})
+    )
+    failed = job_driver.wait_phase(namespace, "llm", "Failed", timeout=deadline + 20)
+    # Counted from the job's start, which cannot come before its submission: at
+    # the deadline (by the wait above, not long after), never before it but for
+    # the second that status.startTime's whole seconds drop, as a Job's do.
+    assert time.monotonic() - submitted >= deadline - 1
     assert condition(failed, "Failed")["reason"] == "DeadlineExceeded"
     job_driver.wait_for("running pods cleaned", lambda: not job_driver.live_pods(namespace, "llm"))
 

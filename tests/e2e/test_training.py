@@ -392,9 +392,18 @@ def test_goodput_after_the_restart_is_below_one_and_adds_up(shakespeare: Shakesp
 
 def test_the_percentage_went_back_only_with_the_step(shakespeare: ShakespeareRun):
     seen = [p for p in shakespeare.progress_seen if "percent" in p]
+    # The run was watched from its first scrape to its end (an empty record
+    # would prove nothing), and ended at 100 %.
+    assert len(seen) >= 3 and seen[-1]["percent"] == 100, seen
+    # Each percentage is its step's share of the run, so it can fall only
+    # where the step fell (the gang restart's reset to the checkpoint).
+    for point in seen:
+        assert point["percent"] == int(100 * point["step"] / TOTAL_STEPS), point
     for before, after in itertools.pairwise(seen):
-        if after["percent"] < before["percent"]:
-            assert after["step"] < before["step"], (before, after)
+        assert after["percent"] >= before["percent"] or after["step"] < before["step"], (
+            before,
+            after,
+        )
 
 
 def test_prometheus_has_the_trainer_and_operator_series(shakespeare: ShakespeareRun, prometheus):
