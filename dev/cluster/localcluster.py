@@ -85,6 +85,8 @@ class LocalCluster:
         self.run = root / "run"
         self.bin = root / "bin"
         self.kubeconfig = root / "kubeconfig"
+        # The API server's own record of who did what (see AUDIT_POLICY).
+        self.audit_log = self.logs / "audit.log"
 
     @property
     def server(self) -> str:
@@ -103,6 +105,8 @@ class LocalCluster:
         self._link_tools(built)
         self._make_pki()
         self._write_kubeconfigs()
+        (self.root / "audit-policy.json").write_text(json.dumps(AUDIT_POLICY))
+        self.audit_log.unlink(missing_ok=True)
         shutil.rmtree(self.root / "etcd", ignore_errors=True)
         t0 = time.monotonic()
         self._start("etcd", self._etcd_args())
@@ -240,6 +244,11 @@ class LocalCluster:
             "--default-not-ready-toleration-seconds=10",
             "--default-unreachable-toleration-seconds=10",
             "--profiling=false",
+            f"--audit-policy-file={self.root / 'audit-policy.json'}",
+            f"--audit-log-path={self.audit_log}",
+            "--audit-log-format=json",
+            "--audit-log-maxsize=200",
+            "--audit-log-maxbackup=2",
             "--v=1",
         ]
 
@@ -472,6 +481,38 @@ def load_addon(name: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+# What the audit log keeps, at Metadata level (who, verb, object, when; no
+# bodies): every write anyone but the control plane's own components makes,
+# and every request that touches a Secret. Tests prove from it, as the API
+# server saw them, what the operator did and did not do (a standby's writes, a
+# Secret read), which no counter inside the operator can show.
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {"level": "Metadata", "resources": [{"group": "", "resources": ["secrets"]}]},
+        # Node and leader-election heartbeats: the bulk of all writes, and
+        # nothing a test judges (a Lease's own fields say who holds it).
+        {"level": "None", "resources": [{"group": "coordination.k8s.io", "resources": ["leases"]}]},
+        {
+            "level": "None",
+            "users": [
+                "system:kube-controller-manager",
+                "system:kube-scheduler",
+                "system:apiserver",
+            ],
+        },
+        {"level": "None", "userGroups": ["system:nodes", "system:serviceaccounts:kube-system"]},
+        {
+            "level": "Metadata",
+            "verbs": ["create", "update", "patch", "delete", "deletecollection"],
+        },
+        {"level": "None"},
+    ],
+}
 
 
 def openssl(*args: object, stdin: str | None = None) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.cluster import token_kubeconfig
 from tests.fixtures.helm import Release
 
 pytestmark = pytest.mark.cluster
@@ -35,28 +36,7 @@ JOB_SPEC = {
 
 def service_account_kubeconfig(cluster: Any, release: Release, path: Path) -> str:
     """A kubeconfig that authenticates as the release's ServiceAccount only."""
-    token = cluster.kubectl(
-        "create", "token", release.fullname, "-n", release.namespace, "--duration=1h"
-    ).stdout.strip()
-    admin = json.loads(Path(cluster.kubeconfig).read_text())
-    context = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])
-    server = next(c for c in admin["clusters"] if c["name"] == context["context"]["cluster"])
-    user = f"system:serviceaccount:{release.namespace}:{release.fullname}"
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [server],
-                "users": [{"name": user, "user": {"token": token}}],
-                "contexts": [
-                    {"name": "operator", "context": {"cluster": server["name"], "user": user}}
-                ],
-                "current-context": "operator",
-            }
-        )
-    )
-    return str(path)
+    return token_kubeconfig(cluster, release.namespace, release.fullname, path)
 
 
 def another_operator_answers(job_driver: Any, namespace: str, job: str) -> bool:

@@ -7,11 +7,15 @@ so that a take-over takes seconds.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import time
+from datetime import datetime
 
 import pytest
 
+from tests.fixtures.cluster import audit_events, token_kubeconfig
 from tests.fixtures.operator import kwok_job_spec as spec
 
 pytestmark = pytest.mark.cluster
@@ -19,7 +23,7 @@ pytestmark = pytest.mark.cluster
 LEASE_SECONDS = 4
 
 
-def _pair(operator_factory, namespace, **env):
+def _pair(operator_factory, namespace, kubeconfigs=(None, None), **env):
     settings = {
         "TORCHFLEET_OPERATOR_LEADER_ELECT": "true",
         "POD_NAMESPACE": namespace,
@@ -28,7 +32,10 @@ def _pair(operator_factory, namespace, **env):
         "TORCHFLEET_OPERATOR_LEASE_RETRY_PERIOD_SECONDS": "0.5",
         **env,
     }
-    return [operator_factory(env=settings, namespaces=[namespace]) for _ in range(2)]
+    return [
+        operator_factory(kubeconfig=kubeconfig, env=settings, namespaces=[namespace])
+        for kubeconfig in kubeconfigs
+    ]
 
 
 def _leader(job_driver, replicas, timeout=30):
@@ -113,3 +120,113 @@ def test_a_leader_that_stops_cleanly_hands_over_at_once(operator_factory, job_dr
     assert time.monotonic() - stopped < LEASE_SECONDS
     job_driver.create(namespace, "after", spec(workers=1))
     job_driver.wait_running_pods(namespace, "after", 2)
+
+
+WRITES = {"create", "update", "patch", "delete", "deletecollection"}
+
+
+@pytest.fixture
+def identities(cluster, namespace, tmp_path):
+    """A kubeconfig per replica, each its own ServiceAccount (cluster-admin: what
+    is judged here is who writes, not what it may), so that the API server's
+    audit log tells the two apart; and, by kubeconfig, the user it records."""
+    if audit_events(cluster) is None:
+        pytest.skip("the API server's audit log is the local cluster's (not this cluster's)")
+    accounts = ("replica-a", "replica-b")
+    users = {}
+    for account in accounts:
+        cluster.kubectl("create", "serviceaccount", account, "-n", namespace)
+        cluster.kubectl(
+            "create",
+            "clusterrolebinding",
+            f"{namespace}-{account}",
+            "--clusterrole=cluster-admin",
+            f"--serviceaccount={namespace}:{account}",
+        )
+        kubeconfig = token_kubeconfig(cluster, namespace, account, tmp_path / account)
+        users[kubeconfig] = f"system:serviceaccount:{namespace}:{account}"
+    try:
+        yield users
+    finally:
+        for account in accounts:
+            cluster.kubectl("delete", "clusterrolebinding", f"{namespace}-{account}", check=False)
+
+
+def audited_writes(cluster, user: str) -> list[dict]:
+    """The writes the API server logged for ``user`` (Leases are not logged)."""
+    return [
+        e
+        for e in audit_events(cluster) or []
+        if e["user"]["username"] == user and e["verb"] in WRITES
+    ]
+
+
+def _when(stamp: str) -> datetime:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+
+def test_the_api_server_logs_no_write_by_the_standby(
+    operator_factory, job_driver, cluster, namespace, identities
+):
+    """The same promise as above, counted by the API server (the standby's own
+    request counter misses its Lease client and pod informer)."""
+    replicas = _pair(operator_factory, namespace, tuple(identities))
+    leader, standby = _leader(job_driver, replicas)
+    for number in range(5):
+        job_driver.create(namespace, f"job-{number}", spec(workers=1))
+    for number in range(5):
+        job_driver.wait_running_pods(namespace, f"job-{number}", 2)
+        job_driver.wait_phase(namespace, f"job-{number}", "Running")
+    assert len(audited_writes(cluster, identities[leader.kubeconfig])) >= 10
+    assert audited_writes(cluster, identities[standby.kubeconfig]) == []
+
+
+def test_a_leader_stopped_past_its_lease_never_writes_again(
+    operator_factory, job_driver, cluster, namespace, identities
+):
+    """Split brain, judged by the API server's audit log: a leader frozen past
+    its lease (SIGSTOP), then thawed, writes nothing after its successor took
+    the lease, though its watches hand it work on waking."""
+    leader, standby = _leader(job_driver, _pair(operator_factory, namespace, tuple(identities)))
+    job_driver.create(namespace, "before", spec(workers=1))
+    job_driver.wait_running_pods(namespace, "before", 2)
+    job_driver.wait_phase(namespace, "before", "Running")
+
+    leader.process.send_signal(signal.SIGSTOP)
+    job_driver.wait_for(
+        "the standby to take the lease",
+        lambda: standby.metric("torchfleet_operator_leader") == 1,
+        timeout=LEASE_SECONDS + 10,
+        interval=0.1,
+    )
+    lease = json.loads(
+        cluster.kubectl("get", "lease", "torchfleet-operator", "-n", namespace, "-o", "json").stdout
+    )
+    taken = _when(lease["spec"]["acquireTime"])
+    # Work that the frozen leader's watches deliver when it thaws.
+    job_driver.create(namespace, "during", spec(workers=1))
+    job_driver.fail_pod(namespace, "before-worker-0", exit_code=1)
+    job_driver.wait_running_pods(namespace, "during", 2)
+    job_driver.wait_running_pods(namespace, "before", 2, restart=1)
+    leader.process.send_signal(signal.SIGCONT)
+    # It finds the lease lost and exits, as its docstring promises (judged
+    # after the log, which says more when it does not).
+    with contextlib.suppress(AssertionError):
+        job_driver.wait_for(
+            "the thawed leader to exit", lambda: leader.process.poll() is not None, timeout=30
+        )
+    job_driver.create(namespace, "after", spec(workers=1))
+    job_driver.wait_running_pods(namespace, "after", 2)
+
+    old = audited_writes(cluster, identities[leader.kubeconfig])
+    new = audited_writes(cluster, identities[standby.kubeconfig])
+    # The log saw each replica write while it led, so it could see a stray one.
+    assert any(e["objectRef"].get("resource") == "pods" for e in old)
+    assert any(e["objectRef"].get("name") == "during-master-0" for e in new)
+    stray = [
+        (e["verb"], e["objectRef"], e["requestReceivedTimestamp"])
+        for e in old
+        if _when(e["requestReceivedTimestamp"]) > taken
+    ]
+    assert not stray, f"the old leader wrote after {taken.isoformat()}: {stray}"
+    assert leader.process.poll() is not None, "the thawed leader went on running"
