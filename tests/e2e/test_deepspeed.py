@@ -206,7 +206,7 @@ def _spec(manifest: dict[str, Any]) -> Any:
 def test_the_init_containers_script_writes_the_operators_lines(tmp_path, spec, rank, restart):
     """The init container's POSIX shell script writes exactly hostfile.lines()."""
     manifest = {"apiVersion": "torchfleet.dev/v1alpha1", "kind": "TrainingJob"}
-    parsed = _spec({**manifest, "spec": {"command": ["deepspeed", "train.py"], **spec}})
+    parsed = _spec({**manifest, "spec": {"command": ["torchrun", "train.py"], **spec}})
     pod = build_pod("llm", "team", "uid-1", parsed, rank, restart, "image:1")
     (init,) = pod["spec"]["initContainers"]
     command = list(init["command"])

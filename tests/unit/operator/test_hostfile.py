@@ -15,7 +15,13 @@ from torchfleet_trainer import contract
 
 from .builders import job
 
-DEEPSPEED = ["deepspeed", "--hostfile=/etc/deepspeed/hostfile", "train.py"]
+DEEPSPEED = [
+    "deepspeed",
+    "--hostfile=/etc/deepspeed/hostfile",
+    "--no_ssh",
+    "--node_rank=$(NODE_RANK)",
+    "train.py",
+]
 
 
 def parse(workers: int = 2, **spec: Any) -> Any:
