@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -45,6 +46,15 @@ STEPS = 16
 CHECKPOINT_EVERY = 4
 # Long enough that the kill lands between the first checkpoint and the last step.
 STEP_SECONDS = 1.0
+
+
+@pytest.fixture
+def compiler() -> None:
+    """DeepSpeed's first start builds its op with the machine's C++ compiler
+    (the pods' processes are this machine's): without one it would fail in the
+    pod, and the test only after its time-outs."""
+    if shutil.which("c++") is None:
+        pytest.fail("no C++ compiler for DeepSpeed's op build: `make deps` installs g++")
 
 
 def code_config_map() -> dict[str, Any]:
@@ -100,7 +110,7 @@ def wait_for_checkpoint(
 
 
 def test_deepspeed_launcher_restarts_the_gang_and_resumes_from_its_checkpoint(
-    cluster, e2e_namespace, node_agent, e2e_operator
+    cluster, e2e_namespace, node_agent, e2e_operator, compiler
 ):
     namespace, job = e2e_namespace, deepspeed_job()
     name = job["metadata"]["name"]
@@ -151,7 +161,7 @@ def test_deepspeed_launcher_restarts_the_gang_and_resumes_from_its_checkpoint(
 
 
 def test_the_same_script_runs_under_torchrun_from_the_pods_pet_variables(
-    cluster, e2e_namespace, node_agent, e2e_operator
+    cluster, e2e_namespace, node_agent, e2e_operator, compiler
 ):
     namespace = e2e_namespace
     job = deepspeed_job(
