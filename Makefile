@@ -115,8 +115,8 @@ test-images: venv ## static image checks + replay of the Dockerfiles' install st
 	$(PY) -m pytest tests/images
 
 .PHONY: lint-images
-lint-images: venv ## hadolint both Dockerfiles
-	$(VENV)/bin/hadolint Dockerfile trainer_image/Dockerfile
+lint-images: venv ## hadolint the Dockerfiles
+	$(VENV)/bin/hadolint Dockerfile trainer_image/Dockerfile trainer_image/Dockerfile.deepspeed
 
 .PHONY: lock
 lock: venv ## regenerate the images' hash-pinned dependency locks

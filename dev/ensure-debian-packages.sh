@@ -5,6 +5,8 @@
 # Debian's lacks Kubernetes discovery). iproute2 and util-linux: the e2e node
 # agent gives each pod its own network and mount namespace (ip, unshare, nsenter).
 # chromium: the e2e test renders TensorBoard's loss chart in it, headless.
+# g++: DeepSpeed builds its shared-memory op at a process's first start
+# (tests/e2e/test_deepspeed.py; once per machine, cached).
 set -euo pipefail
 need=()
 command -v openssl >/dev/null || need+=(openssl)
@@ -12,6 +14,7 @@ command -v promtool >/dev/null || need+=(prometheus)
 command -v ip >/dev/null || need+=(iproute2)
 { command -v unshare && command -v nsenter; } >/dev/null || need+=(util-linux)
 command -v chromium >/dev/null || need+=(chromium)
+command -v g++ >/dev/null || need+=(g++)
 [ ${#need[@]} -eq 0 ] && exit 0
 sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
 echo "[deps] installing ${need[*]} from Debian"

@@ -12,7 +12,15 @@ import pytest
 import yaml
 
 from tests.fixtures.api import TrainingJobs
-from tests.unit.api.cases import ELASTIC_ACCEPTED, INVALID, RICH_POD_SPEC, Invalid, Manifest, job
+from tests.unit.api.cases import (
+    DEEPSPEED_ACCEPTED,
+    ELASTIC_ACCEPTED,
+    INVALID,
+    RICH_POD_SPEC,
+    Invalid,
+    Manifest,
+    job,
+)
 from torchfleet_operator.api import (
     Condition,
     ProgressStatus,
@@ -55,6 +63,14 @@ def test_a_template_using_much_of_pod_spec_is_accepted(
     """The same template the models accept (tests/unit/api/test_models.py)."""
     manifest = job("rich-template", {"worker": {"template": {"spec": RICH_POD_SPEC}}})
     assert trainingjobs.admit(validation_namespace, manifest) is None
+
+
+@pytest.mark.parametrize(("id", "spec"), DEEPSPEED_ACCEPTED, ids=[i for i, _ in DEEPSPEED_ACCEPTED])
+def test_a_deepspeed_command_launching_its_own_node_is_accepted(
+    id: str, spec: Manifest, trainingjobs: TrainingJobs, validation_namespace: str
+) -> None:
+    """The same commands the models accept (tests/unit/api/test_models.py)."""
+    assert trainingjobs.admit(validation_namespace, job(id, spec)) is None
 
 
 @pytest.mark.parametrize(("id", "spec"), ELASTIC_ACCEPTED, ids=[id for id, _ in ELASTIC_ACCEPTED])

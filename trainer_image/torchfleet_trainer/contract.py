@@ -79,6 +79,12 @@ METRICS_PORT = "TORCHFLEET_METRICS_PORT"
 NPROC_PER_NODE = "TORCHFLEET_NPROC_PER_NODE"
 # The inline trainer config (JSON) the operator renders from spec.trainer.
 TRAIN_CONFIG = "TORCHFLEET_TRAIN_CONFIG"
+# The gang's hostfile (`<pod DNS name> slots=<processes per node>`, one line per
+# node in node-rank order), for launchers that read one: DeepSpeed's
+# `--hostfile`, MPI's. A job running a command of its own gets it at
+# HOSTFILE_PATH, DeepSpeed's default place; this variable names the path.
+HOSTFILE = "TORCHFLEET_HOSTFILE"
+HOSTFILE_PATH = "/etc/deepspeed/hostfile"
 
 DEFAULT_MASTER_PORT = 29500
 # Gang generation g rendezvouses on DEFAULT_MASTER_PORT + g % RENDEZVOUS_PORTS:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
+from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -724,6 +725,44 @@ _PER_PROCESS_MESSAGE = (
 )
 
 
+# DeepSpeed's launcher reaches the other hosts of its hostfile over ssh (pdsh)
+# unless told --no_ssh; in a TrainingJob every pod runs the command for its own
+# node, which --no_ssh with that pod's --node_rank does.
+_DEEPSPEED_MESSAGE = (
+    "spec.command runs DeepSpeed's launcher on several nodes (or with --hostfile) without "
+    "--no_ssh and --node_rank: every pod runs the command for its own node, so add "
+    "--no_ssh --node_rank=$(NODE_RANK) --master_port=$(MASTER_PORT) (README, Launchers)"
+)
+
+
+def _deepspeed_launches_its_own_node() -> Rule:
+    words = "((has(self.command) ? self.command : []) + (has(self.args) ? self.args : []))"
+    launcher = (
+        "has(self.command) && size(self.command) > 0 && "
+        "(self.command[0] == 'deepspeed' || self.command[0].endsWith('/deepspeed'))"
+    )
+    several = f"(self.worker.replicas > 0 || {words}.exists(a, a.startsWith('--hostfile')))"
+    own_node = (
+        f"({words}.exists(a, a == '--no_ssh') && {words}.exists(a, a.startsWith('--node_rank')))"
+    )
+
+    def check(spec: TrainingJobSpec) -> bool:
+        if not spec.command or PurePosixPath(spec.command[0]).name != "deepspeed":
+            return True
+        words = [*spec.command, *(spec.args or ())]
+        several = spec.worker.replicas > 0 or any(w.startswith("--hostfile") for w in words)
+        return not several or (
+            "--no_ssh" in words and any(w.startswith("--node_rank") for w in words)
+        )
+
+    return Rule(
+        cel=f"!({launcher}) || !{several} || {own_node}",
+        message=_DEEPSPEED_MESSAGE,
+        check=check,
+        field_path=".command",
+    )
+
+
 class TrainingJobSpec(ApiModel):
     """A gang of one master and N workers running distributed PyTorch."""
 
@@ -824,6 +863,7 @@ class TrainingJobSpec(ApiModel):
             ),
             field_path=".command",
         ),
+        _deepspeed_launches_its_own_node(),
         *world_size_rules(),
         *elastic_rules(),
         *(_template_scheduler_agrees(role) for role in ("master", "worker")),

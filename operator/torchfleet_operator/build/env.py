@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from torchfleet_operator.api.v1alpha1 import NetworkSpec, TrainingJobSpec
-from torchfleet_operator.build import names
+from torchfleet_operator.build import hostfile, names
 from torchfleet_trainer import contract
 from torchfleet_trainer.contract import ElasticRendezvous, PodContract
 
@@ -136,7 +136,7 @@ def network_env(network: NetworkSpec) -> dict[str, str]:
 def pod_env(
     job: str, namespace: str, uid: str, spec: TrainingJobSpec, node_rank: int, restart: int
 ) -> dict[str, str]:
-    return {
-        **contract_env(job, namespace, uid, spec, node_rank, restart),
-        **network_env(spec.network),
-    }
+    env = contract_env(job, namespace, uid, spec, node_rank, restart)
+    if hostfile.wanted(spec):
+        env[contract.HOSTFILE] = contract.HOSTFILE_PATH
+    return {**env, **network_env(spec.network)}

@@ -16,7 +16,7 @@ from torchfleet_operator.api.constants import (
 )
 from torchfleet_operator.api.v1alpha1 import PodTemplate, TrainingJobSpec
 from torchfleet_operator.build import env as pod_env
-from torchfleet_operator.build import labels, names, podgroup, security
+from torchfleet_operator.build import hostfile, labels, names, podgroup, security
 from torchfleet_operator.build.names import pod_name_for_rank
 from torchfleet_trainer import contract
 
@@ -94,6 +94,8 @@ def _trainer_container(
         container["volumeMounts"].append(
             {"name": CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.mount_path}
         )
+    if hostfile.wanted(spec):
+        container["volumeMounts"].append(hostfile.mount())
     return container
 
 
@@ -140,6 +142,8 @@ def _volumes(spec: TrainingJobSpec, job: str, default_shm_size: str | None) -> l
     if spec.checkpoint:
         claim = spec.checkpoint.claim_name or names.checkpoint_claim_name(job)
         volumes.append({"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": claim}})
+    if hostfile.wanted(spec):
+        volumes.append(hostfile.volume())
     return volumes
 
 
@@ -181,6 +185,28 @@ def _default_checkpoint_ownership(pod_spec: dict[str, Any]) -> None:
     if "fsGroup" not in security:
         security["fsGroup"] = CHECKPOINT_FS_GROUP
         security.setdefault("fsGroupChangePolicy", "OnRootMismatch")
+
+
+def _add_hostfile_writer(
+    job: str,
+    namespace: str,
+    spec: TrainingJobSpec,
+    pod_spec: dict[str, Any],
+    trainer: dict[str, Any],
+) -> None:
+    """The init container that writes the hostfile, after the template's own (a
+    native sidecar among them starts first, as the template asked). Not where
+    the template mounts a directory of its own at the hostfile's place, nor
+    where it has an init container of that name: then it provides the file."""
+    if not hostfile.wanted(spec) or hostfile.mount() not in trainer["volumeMounts"]:
+        return
+    inits = pod_spec.get("initContainers") or []
+    if any(c.get("name") == hostfile.INIT_CONTAINER for c in inits):
+        return
+    pod_spec["initContainers"] = [
+        *inits,
+        hostfile.init_container(job, namespace, spec, trainer),
+    ]
 
 
 def build_pod(
@@ -232,7 +258,9 @@ def build_pod(
     )
     if spec.checkpoint:
         _default_checkpoint_ownership(pod_spec)
-    pod_spec["containers"] = [_merge_container(ours, theirs), *sidecars]
+    trainer = _merge_container(ours, theirs)
+    pod_spec["containers"] = [trainer, *sidecars]
+    _add_hostfile_writer(job, namespace, spec, pod_spec, trainer)
     # Identity: the gang depends on these, so no template may change them.
     pod_spec["restartPolicy"] = "Never"  # the operator restarts the whole gang
     pod_spec["hostname"] = name

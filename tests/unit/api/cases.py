@@ -293,6 +293,29 @@ INVALID: tuple[Invalid, ...] = (
         {"processesPerNode": "gpu", "command": ["torchrun"], "args": ["--nnodes=$(WORLD_SIZE)"]},
         says="$(NNODES)",
     ),
+    # The seed's DeepSpeed command as it was: its launcher would ssh to the other pods.
+    _case(
+        "deepspeed-over-ssh",
+        "spec.command",
+        nested("worker.replicas", 1),
+        {
+            "command": [
+                "deepspeed",
+                "--hostfile=/etc/deepspeed/hostfile",
+                "--num_gpus=8",
+                "--master_addr=$(MASTER_ADDR)",
+                "train.py",
+            ]
+        },
+        says="--no_ssh",
+    ),
+    _case(
+        "deepspeed-no-ssh-without-node-rank",
+        "spec.command",
+        {"command": ["/usr/local/bin/deepspeed", "--hostfile", "/etc/deepspeed/hostfile"]},
+        {"args": ["--no_ssh", "train.py"]},
+        says="--node_rank",
+    ),
     _case("gpus-too-many", "spec.resources.gpus", nested("resources.gpus", 65)),
     _case("memory-not-quantity", "spec.resources.memory", nested("resources.memory", "lots")),
     _case("cpu-negative", "spec.resources.cpu", nested("resources.cpu", -1)),
@@ -652,4 +675,29 @@ ELASTIC_ACCEPTED: tuple[tuple[str, Manifest], ...] = (
         "elastic-torchrun-with-node-count",
         merge(elastic(2, 4, 3), {"command": ["torchrun", "--nnodes=$(PET_NNODES)", "t.py"]}),
     ),
+)
+
+
+# DeepSpeed's launcher, each pod launching its own node (or one node, no hostfile:
+# DeepSpeed then runs locally without ssh).
+_DS_OWN_NODE = ["--no_ssh", "--node_rank=$(NODE_RANK)", "--master_port=$(MASTER_PORT)"]
+DEEPSPEED_ACCEPTED: tuple[tuple[str, Manifest], ...] = (
+    ("one-node-local", {"command": ["deepspeed", "--num_gpus=8", "train.py"]}),
+    (
+        "own-node",
+        {
+            "worker": {"replicas": 1},
+            "command": ["deepspeed", "--hostfile=/etc/deepspeed/hostfile", *_DS_OWN_NODE],
+            "args": ["train.py", "--deepspeed"],
+        },
+    ),
+    (
+        "flags-in-args",
+        {
+            "worker": {"replicas": 3},
+            "command": ["/opt/conda/bin/deepspeed"],
+            "args": ["--no_ssh", "--node_rank", "$(NODE_RANK)", "train.py"],
+        },
+    ),
+    ("not-the-launcher", {"worker": {"replicas": 1}, "command": ["python", "deepspeed"]}),
 )

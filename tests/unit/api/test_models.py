@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from tests.unit.api.cases import (
+    DEEPSPEED_ACCEPTED,
     ELASTIC_ACCEPTED,
     INVALID,
     RICH_POD_SPEC,
@@ -234,6 +235,11 @@ def test_an_elastic_spec_within_its_bounds_is_accepted(id: str, spec: Manifest) 
     parsed = parse_training_job(job("tj-elastic", spec)).spec
     assert parsed.elastic is not None
     assert parsed.elastic.min_nodes <= parsed.nodes <= parsed.elastic.max_nodes
+
+
+@pytest.mark.parametrize(("id", "spec"), DEEPSPEED_ACCEPTED, ids=[i for i, _ in DEEPSPEED_ACCEPTED])
+def test_a_deepspeed_command_launching_its_own_node_is_accepted(id: str, spec: Manifest) -> None:
+    assert parse_training_job(job("tj-deepspeed", spec)).spec.command == spec["command"]
 
 
 def test_elastic_max_restarts_defaults_to_three() -> None:
