@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 import signal
 import time
@@ -301,12 +300,6 @@ class Trainer:
                 initialise(part, reference, cfg.training.seed, pp_rank)
         return parallel
 
-    def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        """Autocast only where FSDP's mixed-precision policy does not already cast."""
-        if self.runtime.dtype == torch.float32 or self.model.fsdp_mixed_precision:
-            return contextlib.nullcontext()
-        return torch.autocast(self.runtime.device.type, dtype=self.runtime.dtype)
-
     def train_state(self, step: int) -> dict[str, Any]:
         return {"step": step, **self.sampler.state_dict()}
 
@@ -417,8 +410,7 @@ class Trainer:
         chunks = zip(batch_inputs.chunk(accum), batch_targets.chunk(accum), strict=True)
         for index, (inputs, targets) in enumerate(chunks):
             last = index == accum - 1
-            with self.autocast():
-                micro = self.model.forward_backward(inputs, targets, 1 / accum, sync_grads=last)
+            micro = self.model.forward_backward(inputs, targets, 1 / accum, sync_grads=last)
             loss += micro / accum
         grad_norm = clip_grad_norm(self.model, self.config.optimizer.grad_clip, self.runtime)
         mean_loss = mean_over_data_parallel(loss, self.runtime)
@@ -509,8 +501,7 @@ class Trainer:
             # Global-batch-sized, in the same chunks as training to bound memory.
             batch = self._batch("val", self.config.training.global_batch_size)
             for inputs, targets in zip(batch[0].chunk(accum), batch[1].chunk(accum), strict=True):
-                with self.autocast():
-                    chunk_loss = self.model.eval_loss(inputs, targets)
+                chunk_loss = self.model.eval_loss(inputs, targets)
                 total += float(mean_over_data_parallel(chunk_loss, self.runtime)) / accum
         self.sampler.position["val"] = saved_position
         self.model.train(True)

@@ -53,6 +53,10 @@ class ParallelModel:
     # Whether FSDP's MixedPrecisionPolicy already runs the forward in the compute
     # dtype (then no autocast is needed around it).
     fsdp_mixed_precision: bool = False
+    # The dtype autocast runs the forward and loss in; None runs them as the
+    # parameters are (fp32, or cast by FSDP's policy).
+    autocast_dtype: torch.dtype | None = None
+    device_type: str = "cpu"
     # Whether the logits come sharded by vocabulary (tensor parallelism).
     vocab_sharded: bool = False
     # Set before each step: the factor the pipeline's per-microbatch loss is scaled by.
@@ -80,25 +84,30 @@ class ParallelModel:
                 if isinstance(part, FSDPModule | DDP):
                     part.set_requires_gradient_sync(sync_grads)
             with self.loss_context():
-                loss = cross_entropy(self.parts[0](inputs), targets)
+                # Backward outside autocast, as PyTorch recommends: its ops run in
+                # the dtypes their forward ops chose.
+                with self.autocast():
+                    loss = cross_entropy(self.parts[0](inputs), targets)
                 (loss * scale).backward()
             return local(loss.detach())
         self.loss_scale = scale
         losses: list[torch.Tensor] = []
         args = (inputs,) if self.has_first_stage else ()
-        with self.loss_context():
+        # A pipeline schedule runs backward inside its step, so autocast covers it
+        # there; backward ops keep their forward ops' dtypes either way.
+        with self.loss_context(), self.autocast():
             self.schedule.step(*args, target=targets, losses=losses)
         return self._mean_microbatch_loss(losses, scale, inputs.device)
 
     @torch.no_grad()
     def eval_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         if self.schedule is None:
-            with self.loss_context():
+            with self.loss_context(), self.autocast():
                 return local(cross_entropy(self.parts[0](inputs), targets))
         self.loss_scale = 1.0
         losses: list[torch.Tensor] = []
         args = (inputs,) if self.has_first_stage else ()
-        with self.loss_context():
+        with self.loss_context(), self.autocast():
             self.schedule.eval(*args, target=targets, losses=losses)
         return self._mean_microbatch_loss(losses, 1.0, inputs.device)
 
@@ -106,6 +115,11 @@ class ParallelModel:
         """Cross-entropy (and its backward) on vocabulary-sharded logits: each TP
         rank reduces its shard, never materialising the full logits."""
         return loss_parallel() if self.vocab_sharded else contextlib.nullcontext()
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.autocast_dtype)
 
     def _mean_microbatch_loss(
         self, losses: list[torch.Tensor], scale: float, device: torch.device
@@ -177,7 +191,7 @@ def _apply_within_stage(
     if dims.degrees.tp > 1:
         apply_tensor_parallel(part, dims.mesh["tp"], config.parallel.sequence_parallel)
     wrap_blocks(part, config)
-    if dims.wraps_in_fsdp(param_dtype):
+    if dims.wraps_in_fsdp(param_dtype, config.parallel.fsdp_memory_saving):
         apply_fsdp(
             part,
             dims.dp_mesh(),
@@ -197,15 +211,24 @@ def parallelize(
     param_dtype: torch.dtype,
 ) -> ParallelModel:
     """This rank's parallel model; ``dims=None`` means a plain single-process model."""
+    reduced = param_dtype != torch.float32
     if dims is None:
-        return ParallelModel([model], None, True, True)
+        autocast = param_dtype if reduced else None
+        return ParallelModel([model], None, True, True, False, autocast_dtype=autocast)
     if dims.degrees.tp > 1:
         _require_decoder(model, "tensor parallelism")
-    fsdp_mixed_precision = dims.wraps_in_fsdp(param_dtype) and param_dtype != torch.float32
-    vocab_sharded = dims.degrees.tp > 1
+    fsdp_mixed_precision = reduced and dims.wraps_in_fsdp(
+        param_dtype, config.parallel.fsdp_memory_saving
+    )
+    precision: dict[str, Any] = {
+        "fsdp_mixed_precision": fsdp_mixed_precision,
+        "autocast_dtype": param_dtype if reduced and not fsdp_mixed_precision else None,
+        "device_type": device.type,
+        "vocab_sharded": dims.degrees.tp > 1,
+    }
     if dims.degrees.pp == 1:
         _apply_within_stage(model, config, dims, param_dtype)
-        return ParallelModel([model], None, True, True, fsdp_mixed_precision, vocab_sharded)
+        return ParallelModel([model], None, True, True, **precision)
     _require_decoder(model, "pipeline parallelism")
     per_rank = config.parallel.stages_per_pipeline_rank
     num_stages = dims.degrees.pp * per_rank
@@ -218,8 +241,7 @@ def parallelize(
         schedule=None,
         has_first_stage=any(i == 0 for i, _ in stages),
         has_last_stage=any(i == num_stages - 1 for i, _ in stages),
-        fsdp_mixed_precision=fsdp_mixed_precision,
-        vocab_sharded=vocab_sharded,
+        **precision,
     )
     result.schedule = build_schedule(
         stages,
