@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._dynamo.utils import counters
 from torch.autograd.profiler_util import FunctionEvent
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
@@ -34,6 +35,7 @@ from torch.distributed.tensor import DTensor
 from tests.trainer.user_models import TINY_LLAMA
 from torchfleet_trainer.config import TrainConfig, load_config
 from torchfleet_trainer.data import BatchSampler, load_corpus
+from torchfleet_trainer.distributed import parallelize
 from torchfleet_trainer.models import build_model
 from torchfleet_trainer.schedule import lr_at
 from torchfleet_trainer.train import StepOutcome, Trainer, build_runtime, make_optimizers
@@ -197,3 +199,53 @@ def test_host_syncs_only_at_log_steps_and_once_per_evaluation(one_rank: None) ->
     allowed = {f"settle {s}" for s in settled} | {f"evaluate {s}" for s in (6, 12)}
     unexpected = {label: n for label, n in syncs.items() if label not in allowed or n > 1}
     assert not unexpected, f"host syncs outside log steps or more than one: {dict(syncs)}"
+
+
+@pytest.mark.parametrize("checkpointing", ["none", "full"])
+def test_compile_traces_forward_and_loss_as_one_graph_without_recompiles(
+    one_rank: None, monkeypatch: pytest.MonkeyPatch, checkpointing: str
+) -> None:
+    """Whole-model compile on one process: one graph for training's forward and
+    loss, one for evaluation's (eval mode, no grad), no graph break, and nothing
+    recompiles after the first step and evaluation. Traced with aot_eager (forward
+    and backward through AOTAutograd, no inductor build)."""
+    graphs: list[torch.fx.GraphModule] = []
+    aot_eager = torch._dynamo.lookup_backend("aot_eager")
+
+    def counting(graph: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> Any:
+        graphs.append(graph)
+        return aot_eager(graph, inputs)
+
+    monkeypatch.setattr(parallelize, "COMPILE_BACKEND", counting)
+    torch._dynamo.reset()
+    counters.clear()
+    trainer = bf16_trainer(
+        "training.compile=true",
+        f"training.activationCheckpointing={checkpointing}",
+        "training.gradAccumSteps=2",
+        "training.steps=6",
+        "training.logInterval=3",
+        "training.evalInterval=3",
+        "training.evalBatches=2",
+    )
+    evaluate = trainer.evaluate
+
+    def then_no_recompiles(step: int) -> float:
+        loss = evaluate(step)
+        # Warmed up: the training and the evaluation graph exist.
+        torch.compiler.set_stance("fail_on_recompile")
+        return loss
+
+    monkeypatch.setattr(trainer, "evaluate", then_no_recompiles)
+    try:
+        result = trainer.run()
+    finally:
+        torch.compiler.set_stance("default")
+
+    assert result.last_step == 6 and sorted(result.eval_losses) == [3, 6]
+    assert not dict(counters["graph_break"]), dict(counters["graph_break"])
+    assert len(graphs) == 2, [g.graph for g in graphs]
+    # Each graph holds the whole model and the loss (the output layer's matmul too).
+    for graph in graphs:
+        targets = {str(node.target) for node in graph.graph.nodes}
+        assert any("cross_entropy" in t for t in targets), targets

@@ -241,7 +241,12 @@ class TrainingConfig(_Section):
         "shards: 'auto' does on CUDA and builds the whole model directly on CPU; 'always' "
         "also on CPU (how tests cover the GPU path).",
     )
-    compile: bool = Field(False, description="torch.compile each transformer block.")
+    compile: bool = Field(
+        False,
+        description="torch.compile the model: for one process without FSDP the whole "
+        "forward and loss as one graph; under FSDP2, DDP, tensor or pipeline parallelism "
+        "each block. The first steps pay the compilation (tens of seconds on a GPU).",
+    )
     activation_checkpointing: Literal["none", "full"] = Field(
         "none", description="Recompute each block's activations in the backward pass."
     )

@@ -1,6 +1,7 @@
-"""Built-in blocks compile with fullgraph=True: dynamo traces each, plain or
-activation-checkpointed, as one graph. Traced with the eager backend (inductor's
-C++ build takes minutes on CPU); a graph break fails either way."""
+"""Built-in models compile with fullgraph=True: dynamo traces each block, and the
+whole model with its loss, plain or activation-checkpointed, as one graph.
+Traced with the eager backend (inductor's C++ build takes minutes on CPU); a
+graph break fails either way."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
 from torchfleet_trainer.config import ModelConfig, TrainConfig
-from torchfleet_trainer.distributed.parallelize import compiles_fullgraph
+from torchfleet_trainer.distributed.parallelize import (
+    compiles_fullgraph,
+    cross_entropy,
+    wrap_blocks,
+)
 from torchfleet_trainer.models import build_model
 from torchfleet_trainer.models.common import Decoder
 
@@ -43,3 +48,31 @@ def test_only_builtin_models_compile_fullgraph() -> None:
     assert compiles_fullgraph(TrainConfig())
     user = TrainConfig.model_validate({"model": {"importPath": "tests.trainer.user_models:make"}})
     assert not compiles_fullgraph(user)
+
+
+@pytest.mark.parametrize("checkpointed", [False, True], ids=["plain", "checkpointed"])
+@pytest.mark.parametrize("arch", ["gpt", "llama"])
+def test_builtin_models_trace_whole_with_the_loss_as_one_graph(
+    arch: str, checkpointed: bool
+) -> None:
+    """What whole-model compile (one process) traces: forward and loss, blocks
+    checkpointed or not, with no graph break."""
+    torch._dynamo.reset()
+    model = tiny(arch)
+    overrides = {"activation_checkpointing": "full" if checkpointed else "none"}
+    config = TrainConfig().model_copy(
+        update={"training": TrainConfig().training.model_copy(update=overrides)}
+    )
+    wrap_blocks(model, config, compile_blocks=False)
+
+    def loss(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return cross_entropy(model(inputs), targets)
+
+    inputs, targets = torch.randint(0, 32, (2, 8)), torch.randint(0, 32, (2, 8))
+    expected = loss(inputs, targets)
+    grads = torch.autograd.grad(expected, list(model.parameters()))
+    compiled = torch.compile(loss, backend="eager", fullgraph=True)
+    got = compiled(inputs, targets)
+    torch.testing.assert_close(got, expected)
+    for a, b in zip(torch.autograd.grad(got, list(model.parameters())), grads, strict=True):
+        torch.testing.assert_close(a, b)

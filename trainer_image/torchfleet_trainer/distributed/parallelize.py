@@ -1,7 +1,8 @@
 """Turns a plain model into this rank's parallel model parts, in a fixed order.
 
 Order: pipeline split -> tensor parallel -> activation checkpointing ->
-torch.compile -> FSDP2 or DDP. TP must see plain ``nn.Linear`` modules,
+torch.compile (per block; for one process without FSDP, the whole forward and
+loss as one graph) -> FSDP2 or DDP. TP must see plain ``nn.Linear`` modules,
 checkpointing and compile wrap the already-sharded blocks, and FSDP goes last
 so it shards the final parameters (DTensors from TP included).
 """
@@ -61,6 +62,8 @@ class ParallelModel:
     vocab_sharded: bool = False
     # Set before each step: the factor the pipeline's per-microbatch loss is scaled by.
     loss_scale: float = 1.0
+    # The forward and loss as one compiled graph (whole-model compile), else None.
+    compiled_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for part in self.parts for p in part.parameters()]
@@ -84,10 +87,7 @@ class ParallelModel:
                 if isinstance(part, FSDPModule | DDP):
                     part.set_requires_gradient_sync(sync_grads)
             with self.loss_context():
-                # Backward outside autocast, as PyTorch recommends: its ops run in
-                # the dtypes their forward ops chose.
-                with self.autocast():
-                    loss = cross_entropy(self.parts[0](inputs), targets)
+                loss = self.loss(inputs, targets)
                 (loss * scale).backward()
             return local(loss.detach())
         self.loss_scale = scale
@@ -102,8 +102,8 @@ class ParallelModel:
     @torch.no_grad()
     def eval_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         if self.schedule is None:
-            with self.loss_context(), self.autocast():
-                return local(cross_entropy(self.parts[0](inputs), targets))
+            with self.loss_context():
+                return local(self.loss(inputs, targets))
         self.loss_scale = 1.0
         losses: list[torch.Tensor] = []
         args = (inputs,) if self.has_first_stage else ()
@@ -115,6 +115,19 @@ class ParallelModel:
         """Cross-entropy (and its backward) on vocabulary-sharded logits: each TP
         rank reduces its shard, never materialising the full logits."""
         return loss_parallel() if self.vocab_sharded else contextlib.nullcontext()
+
+    def loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Forward and loss of an unpipelined model, compiled as one graph when
+        the layout allows (``compile_whole_model``)."""
+        if self.compiled_loss is not None:
+            return self.compiled_loss(inputs, targets)
+        return self.eager_loss(inputs, targets)
+
+    def eager_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        # Backward runs outside autocast, as PyTorch recommends: its ops keep the
+        # dtypes their forward ops chose.
+        with self.autocast():
+            return cross_entropy(self.parts[0](inputs), targets)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.autocast_dtype is None:
@@ -146,18 +159,40 @@ def _require_decoder(model: nn.Module, what: str) -> None:
         )
 
 
+# What torch.compile builds with; tests trace with "aot_eager" (no inductor build).
+COMPILE_BACKEND: str | Callable[..., Any] = "inductor"
+
+
 def compiles_fullgraph(config: TrainConfig) -> bool:
-    """Built-in blocks compile as one graph each (no graph break, checkpointed or
-    not; tests/unit/trainer/test_compile.py). A user model's blocks may break
-    the graph, which fullgraph would turn into an error, so they compile without."""
+    """Built-in models compile without a graph break, whole or block by block,
+    checkpointed or not (tests/unit/trainer/test_compile.py). A user model may break
+    the graph, which fullgraph would turn into an error, so it compiles without."""
     return config.model.import_path is None
 
 
-def wrap_blocks(part: nn.Module, config: TrainConfig) -> None:
-    """Activation checkpointing and compile, block by block; a model without the
+def compiles_whole_model(config: TrainConfig, dims: ParallelDims, wraps_in_fsdp: bool) -> bool:
+    """One process without FSDP: forward and loss compile as one graph, so the
+    forward fuses across blocks and no Python runs between them. FSDP (its hooks
+    gather per block), TP and PP (DTensor layouts, stages) compile block by block,
+    and so does DDP: composable ``replicate``'s forward hook disables dynamo, which
+    breaks a whole-model graph (nn.parallel.DistributedDataParallel would be needed)."""
+    alone = dims.degrees.world_size == 1
+    return config.training.compile and alone and not wraps_in_fsdp
+
+
+def compile_loss(model: ParallelModel, config: TrainConfig) -> None:
+    model.compiled_loss = torch.compile(
+        model.eager_loss, fullgraph=compiles_fullgraph(config), backend=COMPILE_BACKEND
+    )
+
+
+def wrap_blocks(part: nn.Module, config: TrainConfig, compile_blocks: bool = True) -> None:
+    """Activation checkpointing and compile, block by block (compile only when
+    ``compile_blocks``: not when the whole model compiles); a model without the
     named container gets neither, and says so rather than silently."""
     checkpoints = config.training.activation_checkpointing == "full"
-    if not (checkpoints or config.training.compile):
+    compiles = config.training.compile and compile_blocks
+    if not (checkpoints or compiles):
         return
     container = find_blocks(part, config.model.blocks)
     if container is None:
@@ -174,8 +209,8 @@ def wrap_blocks(part: nn.Module, config: TrainConfig) -> None:
         if checkpoints:
             block = checkpoint_wrapper(block, preserve_rng_state=True)
             container.register_module(name, block)
-        if config.training.compile:
-            block.compile(fullgraph=compiles_fullgraph(config))
+        if compiles:
+            block.compile(fullgraph=compiles_fullgraph(config), backend=COMPILE_BACKEND)
 
 
 def reshards_after_forward(config: TrainConfig, degrees: ResolvedDegrees) -> bool:
@@ -190,8 +225,9 @@ def _apply_within_stage(
 ) -> None:
     if dims.degrees.tp > 1:
         apply_tensor_parallel(part, dims.mesh["tp"], config.parallel.sequence_parallel)
-    wrap_blocks(part, config)
-    if dims.wraps_in_fsdp(param_dtype, config.parallel.fsdp_memory_saving):
+    fsdp = dims.wraps_in_fsdp(param_dtype, config.parallel.fsdp_memory_saving)
+    wrap_blocks(part, config, compile_blocks=not compiles_whole_model(config, dims, fsdp))
+    if fsdp:
         apply_fsdp(
             part,
             dims.dp_mesh(),
@@ -217,9 +253,8 @@ def parallelize(
         return ParallelModel([model], None, True, True, False, autocast_dtype=autocast)
     if dims.degrees.tp > 1:
         _require_decoder(model, "tensor parallelism")
-    fsdp_mixed_precision = reduced and dims.wraps_in_fsdp(
-        param_dtype, config.parallel.fsdp_memory_saving
-    )
+    fsdp_wraps = dims.wraps_in_fsdp(param_dtype, config.parallel.fsdp_memory_saving)
+    fsdp_mixed_precision = reduced and fsdp_wraps
     precision: dict[str, Any] = {
         "fsdp_mixed_precision": fsdp_mixed_precision,
         "autocast_dtype": param_dtype if reduced and not fsdp_mixed_precision else None,
@@ -228,7 +263,10 @@ def parallelize(
     }
     if dims.degrees.pp == 1:
         _apply_within_stage(model, config, dims, param_dtype)
-        return ParallelModel([model], None, True, True, **precision)
+        result = ParallelModel([model], None, True, True, **precision)
+        if compiles_whole_model(config, dims, fsdp_wraps):
+            compile_loss(result, config)
+        return result
     _require_decoder(model, "pipeline parallelism")
     per_rank = config.parallel.stages_per_pipeline_rank
     num_stages = dims.degrees.pp * per_rank
