@@ -561,7 +561,8 @@ class Trainer:
                 m.gpu_memory.set(peak_memory)
         step = int(record["step"])
         if step % self.config.training.log_interval == 0 or step == self.config.training.steps:
-            extra = {"mfu": round(mfu, 4)} if mfu is not None else {}
+            # Significant digits: a small model's MFU is far below 1e-4.
+            extra = {"mfu": significant(mfu, 4)} if mfu is not None else {}
             self.log("step", **record, tokens_per_second=round(tokens_per_second, 1), **extra)
             if self.tensorboard:
                 curves = {**record, "tokens_per_second": tokens_per_second, "mfu": mfu}
@@ -582,11 +583,21 @@ class Trainer:
             log_json(event, **clean)
 
 
+def significant(value: float, digits: int) -> float:
+    """``value`` to ``digits`` significant digits (rounding to decimals would turn a
+    small value into 0)."""
+    return float(f"{value:.{digits}g}")
+
+
 def _loggable(value: Any) -> Any:
-    """Floats rounded; NaN and infinities as strings, which strict JSON parsers accept."""
+    """Floats to 6 decimals, or 6 significant digits below 1 (a learning rate of
+    3e-7 or an MFU of 2e-5 stays itself); NaN and infinities as strings, which
+    strict JSON parsers accept."""
     if not isinstance(value, float):
         return value
-    return round(value, 6) if math.isfinite(value) else str(value)
+    if not math.isfinite(value):
+        return str(value)
+    return round(value, 6) if abs(value) >= 1 else significant(value, 6)
 
 
 class TrainingDiverged(RuntimeError):
