@@ -247,6 +247,15 @@ class TrainingConfig(_Section):
         "forward and loss as one graph; under FSDP2, DDP, tensor or pipeline parallelism "
         "each block. The first steps pay the compilation (tens of seconds on a GPU).",
     )
+    cuda_graphs: bool = Field(
+        False,
+        description="Replay the compiled forward and backward as CUDA graphs (torch.compile "
+        "mode 'reduce-overhead'), which removes the per-kernel launch cost that dominates "
+        "small models. Needs training.compile, a CUDA device and one process without FSDP "
+        "(the whole-model compile), static shapes (compiled with dynamic=False) and a fixed "
+        "gang (refused for elastic jobs); graphs keep their own memory pool, so peak memory "
+        "grows. Off by default until measured on a GPU.",
+    )
     activation_checkpointing: Literal["none", "full"] = Field(
         "none", description="Recompute each block's activations in the backward pass."
     )
@@ -265,6 +274,11 @@ class TrainingConfig(_Section):
 
     @model_validator(mode="after")
     def _check_batch(self) -> Self:
+        if self.cuda_graphs and not self.compile:
+            raise ValueError(
+                "training.cudaGraphs: needs training.compile=true (the graphs are captured "
+                "from the compiled forward and backward)"
+            )
         if self.micro_batch_size is not None and self.grad_accum_steps != 1:
             raise ValueError(
                 "training.microBatchSize: set either microBatchSize or gradAccumSteps, not "
@@ -538,6 +552,11 @@ class TrainConfig(_Section):
         """An elastic job must train at every node count it may run at, with the same
         global batch; refused up front (before any process group) with the field.
         Data parallelism is the degree that follows the world size."""
+        if self.training.cuda_graphs:
+            raise ConfigError(
+                "training.cudaGraphs: not for elastic jobs, whose world changes between "
+                "rendezvous rounds; CUDA graphs are for a fixed single-process run"
+            )
         if len(node_counts) > 1 and self.parallel.data_parallel_shard != -1:
             raise ConfigError(
                 f"parallel.dataParallelShard: {self.parallel.data_parallel_shard} is fixed, but "

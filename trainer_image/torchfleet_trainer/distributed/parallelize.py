@@ -64,6 +64,8 @@ class ParallelModel:
     loss_scale: float = 1.0
     # The forward and loss as one compiled graph (whole-model compile), else None.
     compiled_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    # Whether that graph replays as CUDA graphs (training.cudaGraphs).
+    cuda_graphs: bool = False
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for part in self.parts for p in part.parameters()]
@@ -120,6 +122,9 @@ class ParallelModel:
         """Forward and loss of an unpipelined model, compiled as one graph when
         the layout allows (``compile_whole_model``)."""
         if self.compiled_loss is not None:
+            if self.cuda_graphs:
+                # Each call is a new iteration: the previous outputs may be reused.
+                torch.compiler.cudagraph_mark_step_begin()
             return self.compiled_loss(inputs, targets)
         return self.eager_loss(inputs, targets)
 
@@ -181,9 +186,37 @@ def compiles_whole_model(config: TrainConfig, dims: ParallelDims, wraps_in_fsdp:
 
 
 def compile_loss(model: ParallelModel, config: TrainConfig) -> None:
+    if config.training.cuda_graphs:
+        # Static shapes: a new shape compiles and captures anew rather than
+        # making the graph dynamic, which CUDA graphs cannot replay.
+        model.compiled_loss = torch.compile(
+            model.eager_loss,
+            fullgraph=compiles_fullgraph(config),
+            dynamic=False,
+            mode="reduce-overhead",
+        )
+        model.cuda_graphs = True
+        return
     model.compiled_loss = torch.compile(
         model.eager_loss, fullgraph=compiles_fullgraph(config), backend=COMPILE_BACKEND
     )
+
+
+def check_cuda_graphs(config: TrainConfig, dims: ParallelDims | None, device: torch.device) -> None:
+    """training.cudaGraphs where it can work, else a ConfigError that says why."""
+    if not config.training.cuda_graphs:
+        return
+    if device.type != "cuda":
+        raise ConfigError(f"training.cudaGraphs: needs a CUDA device; this run is on {device}")
+    if dims is None:
+        return
+    fsdp = dims.wraps_in_fsdp(torch.bfloat16, config.parallel.fsdp_memory_saving)
+    if not compiles_whole_model(config, dims, fsdp):
+        raise ConfigError(
+            "training.cudaGraphs: needs one process without FSDP (the whole-model compile); "
+            f"this run has {dims.degrees.world_size} processes"
+            + (" and parallel.fsdpMemorySaving" if fsdp else "")
+        )
 
 
 def wrap_blocks(part: nn.Module, config: TrainConfig, compile_blocks: bool = True) -> None:
@@ -247,6 +280,7 @@ def parallelize(
     param_dtype: torch.dtype,
 ) -> ParallelModel:
     """This rank's parallel model; ``dims=None`` means a plain single-process model."""
+    check_cuda_graphs(config, dims, device)
     reduced = param_dtype != torch.float32
     if dims is None:
         autocast = param_dtype if reduced else None
