@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -223,6 +224,23 @@ def mean_over_data_parallel(loss: torch.Tensor, runtime: Runtime) -> torch.Tenso
     return total[0] / (runtime.dims.degrees.dp * runtime.dims.degrees.tp)
 
 
+# Inductor's cache (compiled kernels, FX and AOTAutograd graphs), read when it
+# first compiles; its writes are atomic renames, safe for ranks sharing a volume.
+COMPILE_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def persist_compile_cache(config: TrainConfig, checkpoint_dir: str | None) -> Path | None:
+    """With compile on, keeps inductor's cache on the checkpoint volume, so a
+    restarted gang (or the next job on the same volume) loads its kernels instead of
+    compiling them again. A cache directory the user set is left alone; without a
+    checkpoint directory the cache stays in /tmp, lost with the pod."""
+    if not (config.training.compile and config.checkpoint.enabled and checkpoint_dir):
+        return None
+    if COMPILE_CACHE_ENV not in os.environ:
+        os.environ[COMPILE_CACHE_ENV] = str(Path(checkpoint_dir) / "compile-cache")
+    return Path(os.environ[COMPILE_CACHE_ENV])
+
+
 def seed_step(config: TrainConfig, step: int, runtime: Runtime) -> None:
     """Dropout randomness is a function of (seed, step, dp rank, pp rank): restored on
     resume by construction, and equal across TP ranks that hold replicated tensors.
@@ -272,6 +290,7 @@ class Trainer:
         self.peak_tflops = self._peak_tflops()
         self.non_finite = NonFiniteGuard(training.max_non_finite_steps, metrics, self.log)
         ckpt_dir = resolve_checkpoint_dir(config, pod_contract())
+        self.compile_cache = persist_compile_cache(config, ckpt_dir)
         self.tensorboard_dir = tensorboard.resolve_dir(config, ckpt_dir)
         self.tensorboard: TensorBoardLog | None = None
         self.checkpointer = (

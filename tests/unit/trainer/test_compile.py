@@ -5,6 +5,9 @@ graph break fails either way."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
@@ -17,6 +20,7 @@ from torchfleet_trainer.distributed.parallelize import (
 )
 from torchfleet_trainer.models import build_model
 from torchfleet_trainer.models.common import Decoder
+from torchfleet_trainer.train import COMPILE_CACHE_ENV, persist_compile_cache
 
 
 def tiny(arch: str) -> Decoder:
@@ -76,3 +80,19 @@ def test_builtin_models_trace_whole_with_the_loss_as_one_graph(
     torch.testing.assert_close(got, expected)
     for a, b in zip(torch.autograd.grad(got, list(model.parameters())), grads, strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_compile_cache_lives_on_the_checkpoint_volume(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv(COMPILE_CACHE_ENV, raising=False)
+    config = TrainConfig.model_validate({"training": {"compile": True}})
+    assert persist_compile_cache(config, str(tmp_path)) == tmp_path / "compile-cache"
+    assert os.environ[COMPILE_CACHE_ENV] == str(tmp_path / "compile-cache")
+    # A directory the user chose wins; no compile or no volume, nothing changes.
+    monkeypatch.setenv(COMPILE_CACHE_ENV, "/elsewhere")
+    assert persist_compile_cache(config, str(tmp_path)) == Path("/elsewhere")
+    monkeypatch.delenv(COMPILE_CACHE_ENV)
+    assert persist_compile_cache(TrainConfig(), str(tmp_path)) is None
+    assert persist_compile_cache(config, None) is None
+    assert COMPILE_CACHE_ENV not in os.environ

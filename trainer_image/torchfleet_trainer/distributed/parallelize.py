@@ -13,7 +13,7 @@ import contextlib
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -21,15 +21,18 @@ from torch import nn
 from torch.distributed._composable.replicate import DDP
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.pipelining.schedules import _PipelineSchedule
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from torchfleet_trainer.config import ConfigError, ResolvedDegrees, TrainConfig
 from torchfleet_trainer.distributed.data_parallel import apply_ddp, apply_fsdp, find_blocks
 from torchfleet_trainer.distributed.parallel_dims import ParallelDims
-from torchfleet_trainer.distributed.pipeline import build_schedule, split_model
 from torchfleet_trainer.distributed.tensor_parallel import apply_tensor_parallel
+
+if TYPE_CHECKING:
+    # Imported when a pipeline is built: torch.distributed.pipelining pulls in
+    # torch._dynamo, seconds of start-up a run without pipeline or compile skips.
+    from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -302,6 +305,8 @@ def parallelize(
             compile_loss(result, config)
         return result
     _require_decoder(model, "pipeline parallelism")
+    from torchfleet_trainer.distributed.pipeline import build_schedule, split_model
+
     per_rank = config.parallel.stages_per_pipeline_rank
     num_stages = dims.degrees.pp * per_rank
     stages = split_model(model, dims.rank_in("pp"), dims.degrees.pp, per_rank)
