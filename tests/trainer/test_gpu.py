@@ -118,8 +118,10 @@ SMALL_GPU_MODEL = [
     "training.precision=bf16",
     "training.evalInterval=0",
     "training.logInterval=1",
-    "optimizer.lr=0.01",
+    "optimizer.lr=0.003",
     "schedule.warmupSteps=2",
+    # Fixed, so a run stopped at a checkpoint had the uninterrupted run's rates.
+    "schedule.decaySteps=8",
     "checkpoint.enabled=false",
     "metrics.enabled=false",
     "metrics.jsonLogs=false",
@@ -127,8 +129,9 @@ SMALL_GPU_MODEL = [
 ]
 STEPS = 8
 # Two bf16 runs of different kernels (compiled or not, autocast or FSDP's policy)
-# drift apart by a few 1e-3 over these steps; a lost or doubled update, or a
-# wrong batch, moves the loss by > 0.05 on this data.
+# drift apart by a few 1e-3 over these steps (on CPU: FSDP's policy 0.004 from
+# autocast, fp32 0.0015); the loss falls 0.06-0.4 per step, so a lost or doubled
+# update or a wrong batch is far outside this.
 BF16_LOSS_TOL = 0.02
 
 
@@ -170,7 +173,7 @@ def losses(trainer: Trainer) -> list[float]:
 def assert_tracks(got: list[float], expected: list[float], tol: float = BF16_LOSS_TOL) -> None:
     assert len(got) == len(expected)
     assert max(abs(a - b) for a, b in zip(got, expected, strict=True)) <= tol, (got, expected)
-    assert got[-1] < got[0] - 0.1, f"did not learn: {got}"
+    assert got[-1] < got[0] - 1.0, f"did not learn: {got}"
 
 
 def snapshot(trainer: Trainer) -> dict[str, torch.Tensor]:
