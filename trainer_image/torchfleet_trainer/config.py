@@ -231,9 +231,9 @@ class TrainingConfig(_Section):
         "MixedPrecisionPolicy casts each weight to bf16 once per gather and every op runs in "
         "bf16, norms included (the loss is fp32); everywhere else (one process, DDP, "
         "TP-only, PP-only) the model stays a plain module and autocast runs the forward and "
-        "loss, keeping norms, softmax and the loss in fp32. Both track fp32 equally well "
-        "(tests/trainer/test_precision_modes.py); parallel.fsdpMemorySaving picks the first "
-        "where nothing shards.",
+        "loss, keeping norms, softmax and the loss in fp32. Both stay within bf16's noise "
+        "of fp32 training, autocast slightly closer (tests/trainer/test_precision_modes.py); "
+        "parallel.fsdpMemorySaving picks the first where nothing shards, to save memory.",
     )
     meta_device_init: Literal["auto", "always", "never"] = Field(
         "auto",
