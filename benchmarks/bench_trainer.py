@@ -42,6 +42,7 @@ import json
 import mmap
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -62,6 +63,9 @@ from torchfleet_trainer.metrics import mfu_peak_tflops
 from torchfleet_trainer.models import build_model
 from torchfleet_trainer.train import Trainer, build_runtime, init_distributed
 
+# Wall-clock time (comparable across processes) when this module's imports were
+# done: a child's start-up is measured from its parent's launch to here.
+IMPORTED_AT = time.time()
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 VARIANTS = ("torchfleet", "torchfleet_fsdp2", "plain_compiled", "plain_eager")
@@ -130,15 +134,67 @@ def llama_config(device: str, quick: bool, batch: int, steps: int, compile_: boo
 # ---- (a) Shakespeare -----------------------------------------------------------------
 
 
+class PhaseClock:
+    """Host seconds spent in named phases of one run, by timing calls of the
+    functions that make them up."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def wrap(self, owner: Any, name: str, phase: str, first_only: bool = False) -> None:
+        original = getattr(owner, name)
+        calls = {"n": 0}
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            calls["n"] += 1
+            if first_only and calls["n"] > 1:
+                return original(*args, **kwargs)
+            began = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                spent = time.perf_counter() - began
+                self.seconds[phase] = self.seconds.get(phase, 0.0) + spent
+
+        setattr(owner, name, timed)
+
+
 def run_shakespeare(args: argparse.Namespace) -> dict[str, Any]:
+    """The recipe through the Trainer, with where its wall clock went: start-up
+    (interpreter and imports, from the parent's launch), the process group, the
+    corpus, model set-up, the first step (compilation on the host, when on),
+    training, evaluation. Evaluations end with a sync, so their time is real;
+    the first step's is its host time, which is the compilation's."""
+    import torchfleet_trainer.train as train_module
+
     quick, compile_ = args.quick, compile_enabled(args)
     if not args.corpus.is_file():
         sys.exit(f"corpus not found at {args.corpus} (--corpus)")
     config = shakespeare_config(args.device, quick, compile_, args.corpus)
+    clock = PhaseClock()
+    clock.wrap(train_module, "load_corpus", "corpus")
+    began = time.perf_counter()
     trainer = Trainer(config, build_runtime(config))
+    setup = time.perf_counter() - began - clock.seconds["corpus"]
+    clock.wrap(trainer, "_step", "first_step", first_only=True)
+    clock.wrap(trainer, "evaluate", "eval")
     began = time.perf_counter()
     result = trainer.run()
-    wall = time.perf_counter() - began
+    run_seconds = time.perf_counter() - began
+    first, evaluation = clock.seconds["first_step"], clock.seconds.get("eval", 0.0)
+    # Step time is measured between settling steps; the first window holds the compile.
+    windows = [
+        r["step_seconds"] for r in result.history if r["step"] > config.training.log_interval
+    ]
+    split = {
+        "start_up": IMPORTED_AT - args.launched_at if args.launched_at else None,
+        "process_group": args.process_group_seconds,
+        "corpus": clock.seconds["corpus"],
+        "model_setup": setup,
+        "first_step_incl_compile": first,
+        "train": run_seconds - first - evaluation,
+        "eval": evaluation,
+    }
     best = min(result.eval_losses.values())
     return {
         "recipe": "nanoGPT shakespeare-char" + (" (quick: 2x64, ctx 64)" if quick else ""),
@@ -146,8 +202,90 @@ def run_shakespeare(args: argparse.Namespace) -> dict[str, Any]:
         "compile": compile_,
         "best_val_loss": round(best, 4),
         "target_val_loss": 1.47,
-        "wall_seconds": round(wall, 1),
+        "run_seconds": round(run_seconds, 1),
+        "per_step_ms": round(1000 * statistics.median(windows), 2) if windows else None,
+        "wall_split_seconds": {k: round(v, 2) for k, v in split.items() if v is not None},
         "eval_losses": {k: round(v, 4) for k, v in result.eval_losses.items()},
+    }
+
+
+def shakespeare_with_wall_clock(args: argparse.Namespace) -> dict[str, Any]:
+    """The recipe in a child process, timed from launch to exit as a user waits."""
+    began = time.time()
+    figures = require(run_child(args, "shakespeare", "--launched-at", repr(began)))
+    figures["process_wall_seconds"] = round(time.time() - began, 1)
+    accounted = sum(figures["wall_split_seconds"].values())
+    figures["wall_split_seconds"]["exit_and_rest"] = round(
+        figures["process_wall_seconds"] - accounted, 2
+    )
+    return figures
+
+
+# nanoGPT's config/train_shakespeare_char.py, shrunk as shakespeare_config(quick=True).
+NANOGPT_QUICK = [
+    "--n_layer=2",
+    "--n_head=4",
+    "--n_embd=64",
+    "--block_size=64",
+    "--batch_size=16",
+    "--max_iters=200",
+    "--lr_decay_iters=200",
+    "--eval_interval=100",
+    "--eval_iters=10",
+    "--log_interval=100",
+    "--dropout=0.0",
+]
+NANOGPT_FILES = ("train.py", "model.py", "configurator.py", "config")
+NANOGPT_EVAL = re.compile(r"step (\d+): train loss [\d.]+, val loss ([\d.]+)")
+NANOGPT_ITER = re.compile(r"iter (\d+): loss [\d.]+, time ([\d.]+)ms")
+
+
+def run_nanogpt(args: argparse.Namespace) -> dict[str, Any]:
+    """nanoGPT's own ``train.py config/train_shakespeare_char.py`` from the checkout
+    at --nanogpt, in a scratch directory that links its code (nothing is copied
+    into this repository), on data its own prepare.py makes from the same corpus
+    (prepare.py downloads only when input.txt is missing), out_dir on tmpfs."""
+    checkout: Path = args.nanogpt
+    prepare = checkout / "data" / "shakespeare_char" / "prepare.py"
+    needed = [checkout / name for name in NANOGPT_FILES] + [prepare]
+    missing = [str(p) for p in needed if not p.exists()]
+    if missing:
+        sys.exit(f"--nanogpt: {checkout} is not a nanoGPT checkout (missing {', '.join(missing)})")
+    work = Path(tempfile.mkdtemp(prefix="torchfleet-nanogpt-"))
+    tmpfs = Path("/dev/shm") if Path("/dev/shm").is_dir() else work
+    out_dir = Path(tempfile.mkdtemp(prefix="torchfleet-nanogpt-out-", dir=tmpfs))
+    try:
+        for name in NANOGPT_FILES:
+            (work / name).symlink_to((checkout / name).resolve())
+        data = work / "data" / "shakespeare_char"
+        data.mkdir(parents=True)
+        shutil.copy(prepare, data / "prepare.py")
+        shutil.copy(args.corpus, data / "input.txt")
+        subprocess.run([sys.executable, "prepare.py"], cwd=data, check=True, capture_output=True)
+        command = [sys.executable, "train.py", "config/train_shakespeare_char.py"]
+        command += [f"--out_dir={out_dir}", f"--device={args.device}"]
+        command += ["--compile=False"] if not compile_enabled(args) else []
+        command += NANOGPT_QUICK if args.quick else []
+        began = time.time()
+        done = subprocess.run(command, cwd=work, capture_output=True, text=True, check=False)
+        wall = time.time() - began
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(out_dir, ignore_errors=True)
+    if done.returncode != 0:
+        sys.exit(f"nanoGPT exited {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+    evals = [(int(m[1]), float(m[2])) for m in NANOGPT_EVAL.finditer(done.stdout)]
+    iters = [float(m[2]) for m in NANOGPT_ITER.finditer(done.stdout) if int(m[1]) > 0]
+    if not evals:
+        sys.exit(f"nanoGPT printed no evaluation\n{done.stdout[-2000:]}")
+    best_step, best = min(evals, key=lambda e: e[1])
+    return {
+        "command": " ".join(command[1:]),
+        "process_wall_seconds": round(wall, 1),
+        "best_val_loss": round(best, 4),
+        "best_step": best_step,
+        # nanoGPT times the iterations it logs (each ends in a loss.item()).
+        "per_step_ms": round(statistics.median(iters), 2) if iters else None,
     }
 
 
@@ -194,10 +332,9 @@ class Plan:
 
 
 def force_fsdp_at_world_size_one() -> None:
-    """The Trainer wraps in FSDP2 when it shards, or at one shard for a bf16 run
-    (ParallelDims.wraps_in_fsdp: MixedPrecisionPolicy casts instead of autocast, as
-    TorchTitan runs it); the torchfleet_fsdp2 variant forces the wrapping for fp32
-    runs too, so that the path's cost at world size 1 is measured in every dtype."""
+    """The Trainer wraps in FSDP2 at world size 1 only as the bf16 memory mode
+    (parallel.fsdpMemorySaving); the torchfleet_fsdp2 variant forces the wrapping
+    in every dtype, so that the mode's cost at world size 1 is measured on CPU too."""
     from torchfleet_trainer.distributed.parallel_dims import ParallelDims
 
     ParallelDims.uses_fsdp = property(lambda self: True)
@@ -558,7 +695,9 @@ CHILDREN = {
 
 def child_main(args: argparse.Namespace) -> None:
     """One measurement: its own process group of one, its result on stdout."""
+    began = time.perf_counter()
     init_distributed(llama_config(args.device, True, 1, 1, compile_=False))
+    args.process_group_seconds = time.perf_counter() - began
     try:
         result = CHILDREN[args.child](args)
     except Exception as err:
@@ -569,6 +708,42 @@ def child_main(args: argparse.Namespace) -> None:
     finally:
         dist.destroy_process_group()
     print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+def target_line(what: str, value: float | None, limit: float, at_most: bool, quick: bool) -> str:
+    if value is None:
+        return f"{what}: not measured"
+    met = value <= limit if at_most else value >= limit
+    verdict = "met" if met else "MISSED"
+    if quick:
+        verdict += " (quick sizes: not the target's)"
+    sign = "<=" if at_most else ">="
+    return f"{what}: {value:.4g} (target {sign} {limit:g}) {verdict}"
+
+
+def targets(report: dict[str, Any]) -> list[str]:
+    """Issue 29's targets against this run's own baselines (one H100 for the real ones)."""
+    quick, lines = report["quick"], []
+    ours = report.get("shakespeare_char")
+    if ours:
+        lines.append(
+            target_line("shakespeare best val loss", ours["best_val_loss"], 1.47, True, quick)
+        )
+        theirs = report.get("nanogpt_shakespeare_char")
+        if theirs:
+            ratio = ours["process_wall_seconds"] / theirs["process_wall_seconds"]
+            lines.append(
+                target_line("shakespeare process wall clock / nanoGPT's", ratio, 0.67, True, quick)
+            )
+    llama = report.get("llama_throughput")
+    if llama:
+        speedup = llama.get("speedup_vs_plain_compiled")
+        lines.append(
+            target_line("llama tokens/s / plain compiled loop's", speedup, 1.0, False, quick)
+        )
+        mfu = llama.get("mfu", {}).get("torchfleet")
+        lines.append(target_line("llama MFU", mfu, 0.52, False, quick))
+    return lines
 
 
 def parse_args() -> argparse.Namespace:
@@ -594,7 +769,15 @@ def parse_args() -> argparse.Namespace:
         help="Drop the whole page cache before the cold load where allowed (root); "
         "otherwise only the checkpoint's files are evicted.",
     )
+    parser.add_argument(
+        "--nanogpt",
+        type=Path,
+        default=None,
+        help="A nanoGPT checkout: also run its train.py config/train_shakespeare_char.py on "
+        "the same corpus and device, and compare wall clocks (never copied in).",
+    )
     parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
+    parser.add_argument("--launched-at", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
     return parser.parse_args()
@@ -617,8 +800,11 @@ def main() -> None:
         "compile": compile_enabled(args),
     }
     if args.only in (None, "shakespeare"):
-        report["shakespeare_char"] = require(run_child(args, "shakespeare"))
+        report["shakespeare_char"] = shakespeare_with_wall_clock(args)
         print(json.dumps(report["shakespeare_char"]), flush=True)
+        if args.nanogpt:
+            report["nanogpt_shakespeare_char"] = run_nanogpt(args)
+            print(json.dumps(report["nanogpt_shakespeare_char"]), flush=True)
     if args.only in (None, "throughput"):
         report["llama_throughput"] = run_throughput(args)
         print(json.dumps(report["llama_throughput"]), flush=True)
@@ -626,6 +812,9 @@ def main() -> None:
         report["checkpoint"] = run_checkpoint(args)
         print(json.dumps(report["checkpoint"]), flush=True)
     report["wall_seconds"] = round(time.perf_counter() - began, 1)
+    report["targets"] = targets(report)
+    for line in report["targets"]:
+        print(line)
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"trainer-{args.device}{'-quick' if args.quick else ''}.json"
     out.write_text(json.dumps(report, indent=2) + "\n")

@@ -10,8 +10,9 @@ the last step (the forward-only path, pipeline schedules' eval included).
 
 The same launches also run every layout in bf16 (for three steps, which the
 fp32 reference also evaluates after) and check it tracks the fp32 reference
-within bf16's tolerance: FSDP2's MixedPrecisionPolicy, also at shard degree 1
-(TP-only, PP-only), and autocast under DDP.
+within bf16's tolerance: FSDP2's MixedPrecisionPolicy where a data-parallel
+degree shards, and autocast around a plain module everywhere else (DDP,
+TP-only, PP-only).
 """
 
 from __future__ import annotations
@@ -155,6 +156,16 @@ FOUR_RANK_LAYOUTS |= {
     "fsdp_meta_init": ("llama", [META]),
     "dp2_tp2_meta_init": ("gpt", ["parallel.tensor=2", META]),
     "pp4_1f1b_meta_init": ("llama", ["parallel.pipeline=4", META]),
+}
+# The layouts whose data-parallel degree shards (FSDP2 or HSDP); the others
+# (DDP, TP-only, PP-only, TP x PP) keep plain modules.
+SHARDED_FOUR_RANK_LAYOUTS = {
+    "fsdp_grad_accum",
+    "hsdp_2x2",
+    "dp2_tp2_sp_activation_ckpt",
+    "dp2_pp2_interleaved",
+    "fsdp_meta_init",
+    "dp2_tp2_meta_init",
 }
 EIGHT_RANK_LAYOUTS: dict[str, tuple[str, list[str]]] = {
     "3d_2x2x2_1f1b": ("llama", ["parallel.tensor=2", "parallel.pipeline=2"]),
@@ -339,8 +350,8 @@ def test_four_rank_layout_in_bf16_tracks_fp32(four_rank: dict[str, Any], name: s
     arch = FOUR_RANK_LAYOUTS[name][0]
     run = four_rank[f"{name}_bf16"]
     assert_bf16_tracks_fp32(run, four_rank[f"reference_{arch}"])
-    # FSDP's MixedPrecisionPolicy wherever DDP does not hold the parameters.
-    assert run["fsdp_mixed_precision"] == (name != "ddp_grad_accum")
+    # FSDP's MixedPrecisionPolicy only where a data-parallel degree shards.
+    assert run["fsdp_mixed_precision"] == (name in SHARDED_FOUR_RANK_LAYOUTS)
     assert not four_rank[name]["fsdp_mixed_precision"], "fp32 needs no policy"
 
 

@@ -137,15 +137,23 @@ class BatchSampler:
         self, split: Split, index: int, global_batch: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's rows of global batch ``index`` of ``split``; moves nothing."""
+        return inputs_and_targets(self.windows_at(split, index, global_batch))
+
+    def windows_at(self, split: Split, index: int, global_batch: int) -> torch.Tensor:
+        """This rank's windows of ``seq_len + 1`` tokens of global batch ``index``."""
+        tokens = self.corpus.split(split)
+        mine = self.starts_at(split, index, global_batch)
+        windows = np.stack([tokens[s : s + self.seq_len + 1] for s in mine]).astype(np.int64)
+        return torch.from_numpy(windows)
+
+    def starts_at(self, split: Split, index: int, global_batch: int) -> np.ndarray:
+        """Where this rank's windows of global batch ``index`` start in ``split``."""
         tokens = self.corpus.split(split)
         split_id = 0 if split == "train" else 1
         rng = np.random.default_rng((self.seed, split_id, index))
         starts = rng.integers(0, len(tokens) - self.seq_len - 1, size=global_batch)
         local = global_batch // self.dp_degree
-        mine = starts[self.dp_rank * local : (self.dp_rank + 1) * local]
-        windows = np.stack([tokens[s : s + self.seq_len + 1] for s in mine]).astype(np.int64)
-        batch = torch.from_numpy(windows)
-        return batch[:, :-1], batch[:, 1:]
+        return starts[self.dp_rank * local : (self.dp_rank + 1) * local]
 
     def state_dict(self) -> dict[str, int]:
         return {f"position_{k}": v for k, v in self.position.items()}
@@ -155,6 +163,11 @@ class BatchSampler:
 
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+def inputs_and_targets(windows: torch.Tensor) -> Batch:
+    """Windows of ``seq_len + 1`` tokens as (inputs, targets): views, no copy."""
+    return windows[:, :-1], windows[:, 1:]
 
 
 class TrainBatchPrefetcher:
@@ -198,3 +211,51 @@ class TrainBatchPrefetcher:
 def _pinned(tensor: torch.Tensor) -> torch.Tensor:
     """A contiguous copy in page-locked memory (one copy, even from a view)."""
     return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True).copy_(tensor)
+
+
+# The training split is held on a GPU when it takes at most this share of its
+# memory (and at most DEVICE_CORPUS_MAX_BYTES): tiny Shakespeare's 1M tokens
+# take 4 MB.
+DEVICE_CORPUS_MAX_SHARE = 0.05
+DEVICE_CORPUS_MAX_BYTES = 2**30
+
+
+class DeviceBatches:
+    """Training batches gathered on the device from a training split held there.
+
+    The same batches as the sampler's, in the same order, with the same resume
+    position: the window starts come from the sampler (a few numbers per batch),
+    the tokens never cross to the device again. Tokens are kept as int32 (half
+    the bytes) and widened per batch.
+    """
+
+    def __init__(self, sampler: BatchSampler, device: torch.device) -> None:
+        self.sampler = sampler
+        self.device = device
+        train = np.asarray(sampler.corpus.train)
+        self.tokens = torch.from_numpy(train.astype(np.int32)).to(device)
+        self.offsets = torch.arange(sampler.seq_len + 1, device=device)
+
+    @staticmethod
+    def fits(sampler: BatchSampler, device: torch.device) -> bool:
+        """Whether the training split should be held on ``device`` (CUDA only: on a
+        CPU the host's batches are already where the model is)."""
+        if device.type != "cuda":
+            return False
+        size = len(sampler.corpus.train) * 4
+        total = torch.cuda.get_device_properties(device).total_memory
+        return size <= min(DEVICE_CORPUS_MAX_BYTES, DEVICE_CORPUS_MAX_SHARE * total)
+
+    def next(self, global_batch: int) -> Batch:
+        index = self.sampler.position["train"]
+        self.sampler.position["train"] = index + 1
+        starts = torch.from_numpy(self.sampler.starts_at("train", index, global_batch))
+        if self.device.type == "cuda":
+            # From pageable memory the copy would wait for the device's queue.
+            starts = starts.pin_memory()
+        starts = starts.to(self.device, non_blocking=True)
+        windows = self.tokens[starts[:, None] + self.offsets].long()
+        return inputs_and_targets(windows)
+
+    def close(self) -> None:
+        """Nothing runs in the background."""

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -27,7 +27,13 @@ from torchfleet_trainer.config import (
     resolve_checkpoint_dir,
     resolve_metrics_port,
 )
-from torchfleet_trainer.data import BatchSampler, TrainBatchPrefetcher, load_corpus
+from torchfleet_trainer.data import (
+    BatchSampler,
+    DeviceBatches,
+    TrainBatchPrefetcher,
+    inputs_and_targets,
+    load_corpus,
+)
 from torchfleet_trainer.distributed.materialize import (
     initialise,
     materialise,
@@ -54,6 +60,14 @@ class Runtime:
     local_rank: int = 0
     # Micro-steps per optimizer step at this world size (the global batch is fixed).
     accum_steps: int = 1
+    # This rank's place in the data-parallel and pipeline dimensions, read once: a
+    # mesh answers through several Python calls on every query.
+    dp_rank: int = field(init=False)
+    pp_rank: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.dp_rank = self.dims.dp_rank if self.dims else 0
+        self.pp_rank = self.dims.rank_in("pp") if self.dims else 0
 
     @property
     def is_logger(self) -> bool:
@@ -210,12 +224,34 @@ def mean_over_data_parallel(loss: torch.Tensor, runtime: Runtime) -> torch.Tenso
     return total[0] / (runtime.dims.degrees.dp * runtime.dims.degrees.tp)
 
 
+# Inductor's cache (compiled kernels, FX and AOTAutograd graphs), read when it
+# first compiles; its writes are atomic renames, safe for ranks sharing a volume.
+COMPILE_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def persist_compile_cache(config: TrainConfig, checkpoint_dir: str | None) -> Path | None:
+    """With compile on, keeps inductor's cache on the checkpoint volume, so a
+    restarted gang (or the next job on the same volume) loads its kernels instead of
+    compiling them again. A cache directory the user set is left alone; without a
+    checkpoint directory the cache stays in /tmp, lost with the pod."""
+    if not (config.training.compile and config.checkpoint.enabled and checkpoint_dir):
+        return None
+    if COMPILE_CACHE_ENV not in os.environ:
+        os.environ[COMPILE_CACHE_ENV] = str(Path(checkpoint_dir) / "compile-cache")
+    return Path(os.environ[COMPILE_CACHE_ENV])
+
+
 def seed_step(config: TrainConfig, step: int, runtime: Runtime) -> None:
     """Dropout randomness is a function of (seed, step, dp rank, pp rank): restored on
-    resume by construction, and equal across TP ranks that hold replicated tensors."""
-    dp_rank = runtime.dims.dp_rank if runtime.dims else 0
-    pp_rank = runtime.dims.rank_in("pp") if runtime.dims else 0
-    torch.manual_seed(hash((config.training.seed, step, dp_rank, pp_rank)) % (2**63))
+    resume by construction, and equal across TP ranks that hold replicated tensors.
+
+    Seeds the CPU generator and this process's device's, as ``torch.manual_seed``
+    would with the same seed, without its per-step walk over every backend (on a
+    machine whose CUDA is not initialised it formats a stack trace per call)."""
+    seed = hash((config.training.seed, step, runtime.dp_rank, runtime.pp_rank)) % (2**63)
+    torch.default_generator.manual_seed(seed)
+    if runtime.device.type == "cuda":
+        torch.cuda.default_generators[runtime.device.index or 0].manual_seed(seed)
 
 
 class Trainer:
@@ -243,11 +279,18 @@ class Trainer:
             dims.dp_rank if dims else 0,
             self.dp_degree,
         )
-        self.train_batches = TrainBatchPrefetcher(self.sampler, runtime.device)
+        self.train_batches: TrainBatchPrefetcher | DeviceBatches = (
+            DeviceBatches(self.sampler, runtime.device)
+            if DeviceBatches.fits(self.sampler, runtime.device)
+            else TrainBatchPrefetcher(self.sampler, runtime.device)
+        )
+        # The validation batches every evaluation uses, drawn on the first.
+        self.validation: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.stop = StopFlag()
         self.peak_tflops = self._peak_tflops()
         self.non_finite = NonFiniteGuard(training.max_non_finite_steps, metrics, self.log)
         ckpt_dir = resolve_checkpoint_dir(config, pod_contract())
+        self.compile_cache = persist_compile_cache(config, ckpt_dir)
         self.tensorboard_dir = tensorboard.resolve_dir(config, ckpt_dir)
         self.tensorboard: TensorBoardLog | None = None
         self.checkpointer = (
@@ -300,12 +343,6 @@ class Trainer:
                 materialise(part, runtime.device)
                 initialise(part, reference, cfg.training.seed, pp_rank)
         return parallel
-
-    def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        """Autocast only where FSDP's mixed-precision policy does not already cast."""
-        if self.runtime.dtype == torch.float32 or self.model.fsdp_mixed_precision:
-            return contextlib.nullcontext()
-        return torch.autocast(self.runtime.device.type, dtype=self.runtime.dtype)
 
     def train_state(self, step: int) -> dict[str, Any]:
         return {"step": step, **self.sampler.state_dict()}
@@ -413,12 +450,11 @@ class Trainer:
         loss = torch.zeros((), device=self.runtime.device)
         accum = self.runtime.accum_steps
         # This rank's rows of the step's global batch, in accumulation chunks.
-        batch_inputs, batch_targets = self._batch("train", cfg.global_batch_size)
+        batch_inputs, batch_targets = self._train_batch(cfg.global_batch_size)
         chunks = zip(batch_inputs.chunk(accum), batch_targets.chunk(accum), strict=True)
         for index, (inputs, targets) in enumerate(chunks):
             last = index == accum - 1
-            with self.autocast():
-                micro = self.model.forward_backward(inputs, targets, 1 / accum, sync_grads=last)
+            micro = self.model.forward_backward(inputs, targets, 1 / accum, sync_grads=last)
             loss += micro / accum
         grad_norm = clip_grad_norm(self.model, self.config.optimizer.grad_clip, self.runtime)
         mean_loss = mean_over_data_parallel(loss, self.runtime)
@@ -467,11 +503,8 @@ class Trainer:
         every, last = self.config.training.eval_interval, self.config.training.steps
         return every > 0 and (step % every == 0 or step == last)
 
-    def _batch(self, split: str, global_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if split == "train":
-            inputs, targets = self.train_batches.next(global_rows)
-        else:
-            inputs, targets = self.sampler.next_batch(split, global_rows)  # type: ignore[arg-type]
+    def _train_batch(self, global_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, targets = self.train_batches.next(global_rows)
         device = self.runtime.device
         return inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
 
@@ -499,28 +532,32 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self, step: int) -> float:
-        """Mean loss over the same evalBatches validation batches every time."""
+        """Mean loss over the same evalBatches validation batches every time: kept on
+        the device, their losses summed there and read with one sync."""
         self.model.train(False)
-        saved_position = self.sampler.position["val"]
-        self.sampler.position["val"] = 0
-        total = 0.0
-        accum = self.runtime.accum_steps
-        for _ in range(self.config.training.eval_batches):
-            # Global-batch-sized, in the same chunks as training to bound memory.
-            batch = self._batch("val", self.config.training.global_batch_size)
-            for inputs, targets in zip(batch[0].chunk(accum), batch[1].chunk(accum), strict=True):
-                with self.autocast():
-                    chunk_loss = self.model.eval_loss(inputs, targets)
-                total += float(mean_over_data_parallel(chunk_loss, self.runtime)) / accum
-        self.sampler.position["val"] = saved_position
+        total = torch.zeros((), device=self.runtime.device)
+        for inputs, targets in self._validation_chunks():
+            total += self.model.eval_loss(inputs, targets).float()
         self.model.train(True)
-        loss = total / self.config.training.eval_batches
+        chunks = self.config.training.eval_batches * self.runtime.accum_steps
+        loss = float(mean_over_data_parallel(total, self.runtime)) / chunks
         if self.metrics:
             self.metrics.eval_loss.set(loss)
         if self.tensorboard:
             self.tensorboard.eval_loss(step, loss)
         self.log("eval", step=step, val_loss=round(loss, 6))
         return loss
+
+    def _validation_chunks(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The first evalBatches global validation batches, this rank's rows, on the
+        device, in the same chunks as training's micro-steps (which bound memory)."""
+        if self.validation is None:
+            rows, accum = self.config.training.global_batch_size, self.runtime.accum_steps
+            self.validation = []
+            for index in range(self.config.training.eval_batches):
+                windows = self.sampler.windows_at("val", index, rows).to(self.runtime.device)
+                self.validation += [inputs_and_targets(w) for w in windows.chunk(accum)]
+        return self.validation
 
     def _report(self, record: dict[str, float]) -> None:
         step_seconds = record["step_seconds"]
@@ -543,7 +580,8 @@ class Trainer:
                 m.gpu_memory.set(peak_memory)
         step = int(record["step"])
         if step % self.config.training.log_interval == 0 or step == self.config.training.steps:
-            extra = {"mfu": round(mfu, 4)} if mfu is not None else {}
+            # Significant digits: a small model's MFU is far below 1e-4.
+            extra = {"mfu": significant(mfu, 4)} if mfu is not None else {}
             self.log("step", **record, tokens_per_second=round(tokens_per_second, 1), **extra)
             if self.tensorboard:
                 curves = {**record, "tokens_per_second": tokens_per_second, "mfu": mfu}
@@ -564,11 +602,21 @@ class Trainer:
             log_json(event, **clean)
 
 
+def significant(value: float, digits: int) -> float:
+    """``value`` to ``digits`` significant digits (rounding to decimals would turn a
+    small value into 0)."""
+    return float(f"{value:.{digits}g}")
+
+
 def _loggable(value: Any) -> Any:
-    """Floats rounded; NaN and infinities as strings, which strict JSON parsers accept."""
+    """Floats to 6 decimals, or 6 significant digits below 1 (a learning rate of
+    3e-7 or an MFU of 2e-5 stays itself); NaN and infinities as strings, which
+    strict JSON parsers accept."""
     if not isinstance(value, float):
         return value
-    return round(value, 6) if math.isfinite(value) else str(value)
+    if not math.isfinite(value):
+        return str(value)
+    return round(value, 6) if abs(value) >= 1 else significant(value, 6)
 
 
 class TrainingDiverged(RuntimeError):

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from tests.trainer.user_models import TINY_LLAMA
+from torchfleet_trainer.config import load_config
 from torchfleet_trainer.metrics import device_peak_tflops, mfu_peak_tflops
+from torchfleet_trainer.train import Trainer, build_runtime
 
 
 @pytest.mark.parametrize(
@@ -34,3 +39,21 @@ def test_configured_peak_wins_and_cpu_has_none_without_it() -> None:
     assert mfu_peak_tflops(None, "NVIDIA H100 80GB HBM3", "bf16") == 989.0
     assert mfu_peak_tflops(None, None, "fp32") is None
     assert mfu_peak_tflops(2.0, None, "fp32") == 2.0
+
+
+def test_a_small_models_mfu_is_logged_to_significant_digits(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The step event once rounded MFU to 4 decimals: 0.0 for a small model, which
+    reads as "nothing measured". A CPU run against a declared 1,000 TFLOP/s peak
+    has an MFU around 1e-7."""
+    overrides = [*TINY_LLAMA, "training.steps=2", "training.logInterval=1"]
+    overrides += ["training.evalInterval=0", "checkpoint.enabled=false", "metrics.enabled=false"]
+    overrides += ["tensorboard.enabled=false", "metrics.peakTflops=1000"]
+    config = load_config(overrides=overrides, env={})
+    Trainer(config, build_runtime(config, distributed=False)).run()
+    steps = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    mfus = [event["mfu"] for event in steps if event["event"] == "step"]
+    assert len(mfus) == 2 and all(0 < mfu < 1e-3 for mfu in mfus), mfus
+    # Four significant digits, not a value rounded away.
+    assert all(len(f"{mfu:.10e}".split("e")[0].rstrip("0").replace(".", "")) <= 4 for mfu in mfus)

@@ -10,7 +10,14 @@ from collections.abc import Iterator
 import torch
 
 from torchfleet_trainer.config import DataConfig
-from torchfleet_trainer.data import Batch, BatchSampler, Split, TrainBatchPrefetcher, load_corpus
+from torchfleet_trainer.data import (
+    Batch,
+    BatchSampler,
+    DeviceBatches,
+    Split,
+    TrainBatchPrefetcher,
+    load_corpus,
+)
 
 
 class WatchedSampler(BatchSampler):
@@ -80,3 +87,17 @@ def test_host_batches_are_pinned_only_for_a_gpu() -> None:
         assert not prefetcher.pin and not inputs.is_pinned() and not targets.is_pinned()
     with prefetching(watched, "cuda") as for_gpu:
         assert for_gpu.pin
+
+
+def test_batches_gathered_on_the_device_equal_the_samplers_also_across_a_resume() -> None:
+    # On CPU the "device" is the host; the gather path is the one a GPU runs.
+    on_device, plain = samplers()
+    batches = DeviceBatches(on_device, torch.device("cpu"))
+    for rows in (6, 6, 4):
+        torch.testing.assert_close(batches.next(rows), plain.next_batch("train", rows))
+    on_device.load_state_dict({"position_train": 1, "position_val": 0})
+    plain.load_state_dict({"position_train": 1, "position_val": 0})
+    torch.testing.assert_close(batches.next(6), plain.next_batch("train", 6))
+    assert on_device.state_dict() == plain.state_dict()
+    # Held on a GPU only: on a CPU the host's batches already are where the model is.
+    assert not DeviceBatches.fits(on_device, torch.device("cpu"))
