@@ -9,8 +9,14 @@ the holder's wall-clock renewTime with ours (clock skew between nodes).
 
 A leader that cannot renew within the deadline stops leading, and the process
 exits (controller-runtime does the same): a pass already running could
-otherwise still write after another replica took over. A leader that shuts
-down cleanly releases the lease, so its successor need not wait for expiry.
+otherwise still write after another replica took over. Noticing takes a
+moment, though: a process frozen past its lease (SIGSTOP, a VM paused, a long
+GC pause) wakes with its passes and its renew loop ready together, and a pass
+can write first. So every write of the reconciler is fenced on this replica's
+own clock (``holds_lease``): none goes out once the renew deadline has passed
+since the last renewal that began before it, however late the loop notices.
+A leader that shuts down cleanly releases the lease, so its successor need not
+wait for expiry.
 
 ``next_record`` decides; ``LeaderElector`` only reads and writes the Lease.
 """
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from collections.abc import Callable
@@ -132,6 +139,18 @@ class LeaderElector:
         self.timing = timing
         self.leading = False
         self._seen: tuple[LeaseRecord | None, float] = (None, 0.0)
+        # Monotonic time at which the last successful acquire or renew began:
+        # the lease is ours for the renew deadline from then, by our own clock.
+        self._renewed = -math.inf
+
+    def holds_lease(self) -> bool:
+        """Whether this replica may still write: it leads, and by its own clock
+        the renew deadline has not passed since its last renewal began (which a
+        rival's take-over, a lease duration after it last saw a change, cannot
+        precede)."""
+        return (
+            self.leading and time.monotonic() - self._renewed < self.timing.renew_deadline_seconds
+        )
 
     @property
     def _collection(self) -> str:
@@ -178,7 +197,10 @@ class LeaderElector:
         record = next_record(current, since, self.identity, now, stamp, self.timing.lease_seconds)
         if record is None:
             return False
-        return self._write(lease, record)
+        if not self._write(lease, record):
+            return False
+        self._renewed = now
+        return True
 
     def _read(self) -> dict[str, Any] | None:
         try:

@@ -140,9 +140,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
             timing,
         )
+    executor = Executor(api, config.api_concurrency)
+    if leader is not None:
+        # No write once the lease ran out by this replica's clock, even before
+        # the renew loop notices (a process frozen past its lease wakes with both).
+        executor.raw.fence = leader.holds_lease
     controller = Controller(
         config,
-        Executor(api, config.api_concurrency),
+        executor,
         args.trainer_image,
         args.default_shm_size,
         leader,

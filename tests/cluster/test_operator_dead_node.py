@@ -168,7 +168,9 @@ def test_a_lost_node_restarts_a_fixed_gang_without_spending_its_backoff_limit(
         ),
         timeout=FORCE_DELETE_AFTER + 60,
     )
-    assert time.monotonic() - lost >= FORCE_DELETE_AFTER
+    # Less at most the second the node's Ready condition's whole-second
+    # lastTransitionTime (the loss's start) drops.
+    assert time.monotonic() - lost >= FORCE_DELETE_AFTER - 1
     new = job_driver.wait_running_pods(namespace, "llm", 3, restart=1, timeout=60)
     assert node not in {p["spec"]["nodeName"] for p in new}
     status = job_driver.wait_phase(namespace, "llm", "Running")

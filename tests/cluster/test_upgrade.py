@@ -98,40 +98,58 @@ class PhaseWatch:
                 for job in job_driver.raw.request("GET", job_driver.job_path(namespace))["items"]
             }
             seen = {name: list(self.phases[name]) for name in current}
-            if all(seen[name][-1:] == [phase] for name, phase in current.items()):
+            if all(
+                seen[name][-1:] == ([phase] if phase else []) for name, phase in current.items()
+            ):
                 return seen
             return None
 
         return dict(job_driver.wait_for("the phase watch to catch up", caught_up, timeout=30))
 
     def _follow(self) -> None:
+        """Watches from a list, and lists again whenever the watch breaks (a CRD
+        replaced mid-watch ends it; an old resourceVersion answers 410)."""
         from kubernetes import client, watch
 
         api = client.CustomObjectsApi(self.cluster.api_client())
         group = {"group": "torchfleet.dev", "version": "v1alpha1", "plural": "trainingjobs"}
         version = None
         while not self._stop.is_set():
-            stream = watch.Watch()
-            kwargs: dict[str, Any] = {"timeout_seconds": 5, "allow_watch_bookmarks": True}
-            if version:
-                kwargs["resource_version"] = version
-            for event in stream.stream(
-                api.list_namespaced_custom_object, namespace=self.namespace, **group, **kwargs
-            ):
-                job = event["object"]
-                version = job["metadata"]["resourceVersion"]
-                if event["type"] == "BOOKMARK":
-                    continue
-                name = job["metadata"]["name"]
-                if event["type"] == "DELETED":
-                    self.deleted.add(name)
-                    continue
-                phase = (job.get("status") or {}).get("phase")
-                seen = self.phases[name]
-                if phase and (not seen or seen[-1] != phase):
-                    seen.append(phase)
-                if self._stop.is_set():
-                    stream.stop()
+            try:
+                if version is None:
+                    listed = api.list_namespaced_custom_object(namespace=self.namespace, **group)
+                    for job in listed["items"]:
+                        self._saw(job)
+                    version = listed["metadata"]["resourceVersion"]
+                stream = watch.Watch()
+                for event in stream.stream(
+                    api.list_namespaced_custom_object,
+                    namespace=self.namespace,
+                    resource_version=version,
+                    timeout_seconds=5,
+                    allow_watch_bookmarks=True,
+                    **group,
+                ):
+                    job = event["object"]
+                    if event["type"] == "ERROR":  # 410 Gone and the like: list again
+                        version = None
+                        break
+                    version = job["metadata"]["resourceVersion"]
+                    if event["type"] == "DELETED":
+                        self.deleted.add(job["metadata"]["name"])
+                    elif event["type"] != "BOOKMARK":
+                        self._saw(job)
+                    if self._stop.is_set():
+                        stream.stop()
+            except Exception:  # a broken connection or an expired version: list again
+                version = None
+                time.sleep(0.2)
+
+    def _saw(self, job: dict[str, Any]) -> None:
+        phase = (job.get("status") or {}).get("phase")
+        seen = self.phases[job["metadata"]["name"]]
+        if phase and (not seen or seen[-1] != phase):
+            seen.append(phase)
 
 
 def uids(pods: list[dict[str, Any]]) -> set[str]:

@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
-from torchfleet_operator.leader import ElectionTiming, LeaseRecord, next_record, released
+from torchfleet_operator.kube import FENCED, RawApi
+from torchfleet_operator.leader import (
+    ElectionTiming,
+    LeaderElector,
+    LeaseRecord,
+    next_record,
+    released,
+)
 
 ME, OTHER = "me", "other"
 STAMP = "2026-11-23T10:00:00.000000Z"
@@ -66,3 +74,43 @@ def test_round_trip_through_the_lease_spec():
 def test_timings_that_could_leave_two_leaders_are_refused(lease, renew, retry):
     with pytest.raises(ValueError, match="lease > renew deadline > retry period"):
         ElectionTiming(lease, renew, retry)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    "leading, renewed_ago, holds",
+    [
+        pytest.param(True, 0.0, True, id="just renewed"),
+        pytest.param(True, 9.9, True, id="inside the renew deadline"),
+        pytest.param(True, 10.0, False, id="the deadline passed, the loop not yet told"),
+        pytest.param(True, 3600.0, False, id="frozen for an hour"),
+        pytest.param(False, 0.0, False, id="a standby"),
+    ],
+)
+def test_a_leader_may_write_only_inside_its_renew_deadline(
+    monkeypatch, leading, renewed_ago, holds
+):
+    clock = _Clock()
+    monkeypatch.setattr("torchfleet_operator.leader.time.monotonic", clock)
+    elector = LeaderElector(None, "ns", "lease", ME, ElectionTiming(15, 10.0, 2.0))
+    elector.leading = leading
+    elector._renewed = clock.now - renewed_ago
+    assert elector.holds_lease() is holds
+
+
+def test_a_fenced_client_sends_no_write():
+    from kubernetes import client
+
+    raw = RawApi(client.ApiClient(client.Configuration(host="https://127.0.0.1:1")))
+    raw.fence = lambda: False
+    # Port 1 refuses connections: had the write been sent, the error would say so.
+    with pytest.raises(ApiException) as refused:
+        raw.request("POST", "/api/v1/namespaces/ns/pods", {"kind": "Pod"})
+    assert refused.value.reason == FENCED
