@@ -10,6 +10,7 @@ kopf's event loop never blocks. It imports no kopf: the caches are mappings.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -26,13 +27,14 @@ from torchfleet_operator.informer import PodInformer
 from torchfleet_operator.kube import Executor, RawApi
 from torchfleet_operator.leader import LeaderElector
 from torchfleet_operator.metrics import JobKey
-from torchfleet_operator.observed import Observed, ObservedNode, ObservedPod
-from torchfleet_operator.policy.admission import KueueView
-from torchfleet_operator.progress import ProgressPoller
-from torchfleet_operator.reconcile import Plan, after_execute, plan
+from torchfleet_operator.observed import KueueView, Observed, ObservedNode, ObservedPod
+from torchfleet_operator.planning import Plan
+from torchfleet_operator.reconcile import plan
+from torchfleet_operator.scraper import ProgressPoller
 from torchfleet_operator.status.pacing import wait_before_writing
 from torchfleet_operator.status.patch import with_removals
 from torchfleet_operator.status.progress import without_scraped
+from torchfleet_operator.status.rejections import after_execute
 from torchfleet_operator.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -87,18 +89,21 @@ class Controller:
         self,
         config: OperatorConfig,
         executor: Executor,
-        default_image: str,
+        default_image: str | None = None,
         default_shm_size: str | None = None,
         leader: LeaderElector | None = None,
         namespaces: Sequence[str] = (),
     ) -> None:
+        """``default_image`` and ``default_shm_size``, when given, replace the config's."""
+        if default_image is not None:
+            config = dataclasses.replace(config, trainer_image=default_image)
+        if default_shm_size is not None:
+            config = dataclasses.replace(config, default_shm_size=default_shm_size)
         self.config = config
         # Without an elector this replica leads from the start (one replica).
         self.leader = leader
         self.leading = asyncio.Event()
         self.executor = executor
-        self.default_image = default_image
-        self.default_shm_size = default_shm_size
         self.caches = Caches()
         # Its list calls are not the reconciler's: not in api_requests_total.
         uncounted = RawApi(executor.raw.api, counted=False)
@@ -332,15 +337,7 @@ class Controller:
         uid = body["metadata"].get("uid", "")
         current = self._last_status.get(uid, body.get("status") or {})
         now = datetime.now(UTC)
-        decided = plan(
-            body,
-            snapshot.observed,
-            now,
-            self.config,
-            current,
-            self.default_image,
-            self.default_shm_size,
-        )
+        decided = plan(body, snapshot.observed, now, self.config, current)
         if decided.gang_restart:
             # The bump is recorded before the old gang is deleted (as JobSet
             # does): a crash in between must not lose the restart.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from torchfleet_operator.progress import ProgressPoller
+from torchfleet_operator.scraper import ProgressPoller
 from torchfleet_operator.status.progress import progress_from_metrics
 from torchfleet_trainer.metrics import TrainMetrics
 

@@ -8,8 +8,9 @@ import pytest
 
 from torchfleet_operator.build import names
 from torchfleet_operator.observed import Observed
-from torchfleet_operator.reconcile import plan, with_rejections
+from torchfleet_operator.reconcile import plan
 from torchfleet_operator.status.conditions import find
+from torchfleet_operator.status.rejections import with_rejections
 
 from .builders import CONFIG, at, gang, job, observed, pod, running_status, stamp
 
