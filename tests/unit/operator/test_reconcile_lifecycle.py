@@ -13,12 +13,17 @@ from torchfleet_operator.reconcile import plan
 from torchfleet_operator.status.conditions import find
 from torchfleet_operator.status.rejections import after_execute
 
-from .builders import CONFIG, at, gang, job, observed, pod, running_status, stamp
-
-
-def deleted_names(p):
-    return sorted(ref.name for ref in p.delete)
-
+from .builders import (
+    CONFIG,
+    at,
+    deleted_names,
+    gang,
+    job,
+    observed,
+    pod,
+    running_status,
+    stamp,
+)
 
 # ---- 1. a stored spec this operator no longer understands ----------------------------------
 
