@@ -8,9 +8,23 @@ import pytest
 
 from torchfleet_operator.policy import failure
 from torchfleet_operator.policy.failure import Failure
+from torchfleet_operator.reconcile import plan
 from torchfleet_operator.status.conditions import find
 
-from .builders import a_pass, at, gang, observed, pod, running_status, spec_of, stamp
+from .builders import (
+    CONFIG,
+    a_pass,
+    at,
+    created_names,
+    deleted_names,
+    gang,
+    job,
+    observed,
+    pod,
+    running_status,
+    spec_of,
+    stamp,
+)
 
 
 @pytest.mark.parametrize(
@@ -180,3 +194,22 @@ def test_terminating_pods_on_a_lost_node_are_force_deleted_past_the_grace(
     assert step.plan.requeue_after == wake
     created = find(step.status["conditions"], "Created")
     assert created["status"] == "False" and "on lost nodes" in created["message"]
+
+
+def test_a_restart_recorded_before_a_crash_deletes_the_old_gang_and_counts_once():
+    """The controller writes a restart's bump before it deletes anything; should it
+    crash in between, the next pass (fresh expectations: nothing expected deleted)
+    finds the old gang a generation behind, deletes it and counts nothing again."""
+    failed = pod("llm", 1, phase="Failed", exit_code=1, finished_at=at(1))
+    old_gang = gang(**{"llm-worker-0": failed})
+    spec = {"runPolicy": {"restartPolicy": "OnFailure"}}
+    restarted = plan(job(**spec), observed(*old_gang), at(2), CONFIG, status=running_status())
+    assert restarted.gang_restart == "PodFailed" and restarted.status["restartCount"] == 1
+    # The crash: the bump is stored, the deletes never ran.
+    after_crash = plan(job(**spec), observed(*old_gang), at(3), CONFIG, status=restarted.status)
+    assert deleted_names(after_crash) == sorted(p.name for p in old_gang)
+    assert after_crash.gang_restart is None
+    assert after_crash.status["restartCount"] == 1
+    assert after_crash.status["countedRestarts"] == 1
+    assert after_crash.status["phase"] == "Restarting"
+    assert created_names(after_crash) == []  # not before the old pods are gone
