@@ -143,9 +143,10 @@ class Pass:
             self.status.get("conditions"), type_, value, reason, message, self.stamp
         )
 
-    def clear_condition(self, type_: str, reason: str) -> None:
+    def clear_condition(self, type_: str, reason: str, message: str) -> None:
+        """``type_`` False (when it was True), with what is true now."""
         self.status["conditions"] = cond.clear(
-            self.status.get("conditions"), type_, reason, self.stamp
+            self.status.get("conditions"), type_, reason, message, self.stamp
         )
 
     def finish(self, phase: str, reason: str, message: str) -> None:
@@ -153,7 +154,7 @@ class Pass:
         self.status.setdefault("completionTime", self.stamp)
         self.set_condition(phase, True, reason, message)
         for other in (r.CONDITION_RUNNING, r.CONDITION_RESTARTING):
-            self.clear_condition(other, reason)
+            self.clear_condition(other, reason, f"the job {phase}: {message}")
 
     def previous_size(self) -> int | None:
         """The desired size the last written status recorded (elastic jobs)."""
@@ -180,12 +181,40 @@ class Pass:
         if self.generation is not None:
             self.status["observedGeneration"] = self.generation
         self._account()
-        old_phase = self.old_status.get("phase")
-        new_phase = self.status.get("phase")
-        if new_phase != old_phase and new_phase:
-            self.plan.events.append(self._phase_event(new_phase))
+        self._lifecycle_events()
         self.plan.status = self.status
         return self.plan
+
+    def _lifecycle_events(self) -> None:
+        """One event per transition users look for: each phase change, each gang
+        restart (even one while the job was already Restarting), and a gang
+        that runs again after an earlier one ended (from which checkpoint)."""
+        old_phase = self.old_status.get("phase")
+        new_phase = self.phase
+        if self.plan.gang_restart:
+            # Reason: the failure's own (PodFailed, NodeLost, ...); message: which restart.
+            restarting = self.condition(r.CONDITION_RESTARTING) or {}
+            message = restarting.get("message") or "the gang restarts"
+            self.event("Warning", self.plan.gang_restart, message)
+        elif new_phase != old_phase and new_phase:
+            self.plan.events.append(self._phase_event(new_phase))
+        if new_phase == c.PHASE_RUNNING and old_phase != c.PHASE_RUNNING:
+            resumed = self._resumed_message()
+            if resumed is not None:
+                self.event("Normal", r.EVENT_GANG_RESUMED, resumed)
+
+    def _resumed_message(self) -> str | None:
+        """What a gang that runs after an earlier one ended starts from; None for
+        the first gang of a job that has no checkpoint yet."""
+        gang = int(self.status.get("restartCount") or 0)
+        step = (self.status.get("lastCheckpoint") or {}).get("step")
+        if isinstance(step, int) and not isinstance(step, bool):
+            return f"gang {gang} is running; it resumes from the checkpoint of step {step}"
+        if gang > 0:
+            return (
+                f"gang {gang} is running; no checkpoint was seen, so it starts from the beginning"
+            )
+        return None
 
     def _account(self) -> None:
         """Ends a gang's progress and time accounting when this pass ends the gang,

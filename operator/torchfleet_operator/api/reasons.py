@@ -84,8 +84,10 @@ REASON_POD_SECURITY_REJECTED: Final = "PodSecurityRejected"
 REASON_KUEUE_MISSING: Final = "KueueNotInstalled"
 REASON_WORKLOAD_PENDING: Final = "WorkloadCreated"  # mirrored when Kueue gave none
 REASON_WAITING_FOR_ADMISSION: Final = "WaitingForAdmission"
+REASON_ADMITTED: Final = "Admitted"  # Evicted goes False: admitted again
 
 # ---- event reasons (besides a phase change's, which is its condition's reason) ----
+EVENT_GANG_RESUMED: Final = "GangResumed"
 EVENT_WORKER_REPLACED: Final = "WorkerReplaced"
 EVENT_SCALED_DOWN: Final = "ScaledDown"
 EVENT_SCALED_UP: Final = "ScaledUp"

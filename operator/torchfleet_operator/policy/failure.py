@@ -305,7 +305,9 @@ def _restart(
         first.reason,
         f"restart {restart + 1} ({counted_text}): {first.describe()}",
     )
-    step.clear_condition(r.CONDITION_RUNNING, first.reason)
+    step.clear_condition(
+        r.CONDITION_RUNNING, first.reason, f"gang {restart} ended: {first.describe()}"
+    )
     step.delete_pods(gang)
     step.plan.gang_restart = first.reason
     step.plan.wake_in(_backoff(step, restart))

@@ -136,7 +136,11 @@ def _phase_from_gang(
     if trains:
         step.set_phase(c.PHASE_RUNNING)
         step.set_condition(r.CONDITION_RUNNING, True, r.REASON_GANG_RUNNING, message)
-        step.clear_condition(r.CONDITION_RESTARTING, r.REASON_GANG_RUNNING)
+        step.clear_condition(
+            r.CONDITION_RESTARTING,
+            r.REASON_GANG_RUNNING,
+            f"gang {step.status['restartCount']} is running",
+        )
     elif step.phase != c.PHASE_RESTARTING or not step.is_true(r.CONDITION_RESTARTING):
         step.set_phase(c.PHASE_PENDING)
 

@@ -51,7 +51,11 @@ def not_understood(step: Pass, raw_spec: dict[str, Any], problem: str) -> Plan:
 
 
 def understood(step: Pass) -> None:
-    step.clear_condition(r.CONDITION_SPEC_NOT_UNDERSTOOD, r.REASON_UNDERSTOOD)
+    step.clear_condition(
+        r.CONDITION_SPEC_NOT_UNDERSTOOD,
+        r.REASON_UNDERSTOOD,
+        "the stored spec parses under this operator",
+    )
 
 
 def _report_not_understood(step: Pass, problem: str) -> None:

@@ -64,7 +64,9 @@ def gate(
             f"waiting for Kueue to admit Workload {workload.name} from LocalQueue {queue}",
         )
         return None
-    step.clear_condition(r.WORKLOAD_EVICTED, r.WORKLOAD_ADMITTED)
+    step.clear_condition(
+        r.WORKLOAD_EVICTED, r.REASON_ADMITTED, f"Kueue admitted Workload {workload.name} again"
+    )
     missing = admission.missing_flavors(workload, view.flavors)
     if missing:  # the ResourceFlavor informer has not caught up yet
         step.plan.wake_in(1.0)
@@ -93,7 +95,7 @@ def _evicted(
     if running and not step.is_true(r.WORKLOAD_EVICTED):
         step.status["disruptions"] = int(step.status.get("disruptions") or 0) + 1
     step.set_condition(r.WORKLOAD_EVICTED, True, reason, message)
-    step.clear_condition(r.CONDITION_RUNNING, reason)
+    step.clear_condition(r.CONDITION_RUNNING, reason, message)
     step.set_condition(r.CONDITION_CREATED, False, reason, message)
     step.set_phase(c.PHASE_PENDING)
     step.delete_pods(live)

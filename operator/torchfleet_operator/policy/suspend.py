@@ -19,9 +19,9 @@ def suspend(step: Pass, pods: list[ObservedPod]) -> Plan:
     step.delete_pods(pods_to_remove(True, pods))
     step.set_phase(c.PHASE_SUSPENDED)
     step.set_condition(r.CONDITION_SUSPENDED, True, r.REASON_SUSPENDED, "the job is suspended")
-    step.clear_condition(r.CONDITION_RUNNING, r.REASON_SUSPENDED)
+    step.clear_condition(r.CONDITION_RUNNING, r.REASON_SUSPENDED, "the job is suspended")
     return step.finalize()
 
 
 def resumed(step: Pass) -> None:
-    step.clear_condition(r.CONDITION_SUSPENDED, r.REASON_RESUMED)
+    step.clear_condition(r.CONDITION_SUSPENDED, r.REASON_RESUMED, "the job was resumed")

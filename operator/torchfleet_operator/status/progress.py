@@ -171,7 +171,9 @@ def _add_rates(progress: dict[str, Any], gauges: dict[str, float]) -> None:
     if throughput is not None:
         progress["tokensPerSecond"] = round(throughput, 3)
     mfu = _bounded_float(gauges.get(MFU), ProgressStatus, "mfu")
-    if mfu is not None:
+    # The trainer sets no MFU where it knows no peak (a CPU, an unlisted
+    # device): the gauge keeps its initial 0, which means "not known".
+    if mfu:
         progress["mfu"] = round(mfu, 4)
 
 

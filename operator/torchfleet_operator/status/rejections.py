@@ -46,7 +46,11 @@ def with_rejections(
     stamp = timestamp(now)
     if not rejected:
         status["conditions"] = cond.clear(
-            status.get("conditions"), r.CONDITION_CHILDREN, r.REASON_ACCEPTED, stamp
+            status.get("conditions"),
+            r.CONDITION_CHILDREN,
+            r.REASON_ACCEPTED,
+            "the API server accepted every child",
+            stamp,
         )
         return status
     # An invalid pod first: it decides the job's fate (policy/invalid.py).
