@@ -12,6 +12,7 @@ import time
 import pytest
 
 from tests.fixtures.operator import kwok_job_spec as spec
+from torchfleet_operator.status.conditions import find
 
 pytestmark = pytest.mark.cluster
 
@@ -60,13 +61,14 @@ def test_pods_the_apiserver_forbids_show_its_message_back_off_and_run_once_allow
     job_driver.create(namespace, "llm", spec(workers=1))
     rejected = job_driver.wait_for(
         "the ChildrenRejected condition",
-        lambda: next(
+        lambda: (
             (
-                c
-                for c in job_driver.status(namespace, "llm").get("conditions", [])
-                if c["type"] == "ChildrenRejected" and c["status"] == "True"
-            ),
-            None,
+                found := find(
+                    job_driver.status(namespace, "llm").get("conditions"), "ChildrenRejected"
+                )
+            )
+            and found["status"] == "True"
+            and found
         ),
     )
     assert rejected["reason"] == "CreateRejected", rejected
