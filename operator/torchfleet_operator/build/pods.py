@@ -225,7 +225,7 @@ def build_pod(
 
     group_labels, group_annotations = podgroup.pod_membership(job, spec)
     # No kueue.x-k8s.io/queue-name on the pods: Kueue admits the job as one
-    # Workload (policy/admission.py); with Kueue's pod integration a labelled
+    # Workload (policy/kueue.py); with Kueue's pod integration a labelled
     # pod would be queued on its own, splitting the gang.
     pod_labels = dict(template_meta.labels or {}) if template_meta else {}
     pod_labels.update(group_labels)

@@ -1,5 +1,5 @@
 """Kueue: the Workload a queued job asks with, and what each Workload state
-makes the planner do (build/workload.py, policy/admission.py, reconcile's gate)."""
+makes the planner do (build/workload.py, policy/admission.py, policy/kueue.py)."""
 
 from __future__ import annotations
 
