@@ -4,11 +4,15 @@ Measured in one run against the same apiserver:
 * baseline: a bare client creates the same 9*N pods (the manifests the
   operator would build) with the same API concurrency;
 * operator: N TrainingJobs are applied and the operator creates the pods.
-With ``--services-baseline`` a third half, "services", is the bare client again
-creating each job's headless Service before its pods: the cluster's own cost
-of the Services (the endpoint controllers and the scheduler's default spread
-match every pod against every Service in its namespace) apart from the
-operator's.
+A third half, "services" (on by default; ``--no-services-baseline`` skips
+it), is the bare client again creating each job's headless Service before its
+pods: the cluster's own cost of the Services (the endpoint controllers and
+the scheduler's default spread match every pod against every Service in its
+namespace) apart from the operator's. The per-pod DNS names the Service gives
+are a user feature the operator keeps, so the targets compare the operator
+with this half (issue 32): pods/s >= 0.9x, apiserver requests per job
+<= 1.1x, apply -> all created p99 <= 2x its time for all pods; the one huge
+job (1 x 2,048) <= 1.1x its time.
 For each: per-job latency from apply to all 9 pods created and to all 9
 Running (p50/p99), pods created per second, apiserver requests per job (the
 apiserver's own ``apiserver_request_total``); for the operator also its own
@@ -517,8 +521,10 @@ def main() -> int:
     )
     parser.add_argument(
         "--services-baseline",
-        action="store_true",
-        help="a third half: the bare client creating each job's headless Service, then its pods",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="a third half: the bare client creating each job's headless Service, then its "
+        "pods (the targets' yardstick; without it they fall back to the pods-only baseline)",
     )
     args = parser.parse_args()
     args.timeout = args.timeout or max(900.0, 3.0 * args.jobs)
@@ -563,6 +569,7 @@ def main() -> int:
             "running_p50": op["running_p50_s"] / svc["running_p50_s"],
             "apiserver_requests_per_job": op["apiserver_requests_per_job"]
             / svc["apiserver_requests_per_job"],
+            "created_p99_vs_baseline_all_created": op["created_p99_s"] / svc["all_created_s"],
         }
     results["targets"] = targets(results)
     out_dir = REPO / "benchmarks" / "results"
@@ -578,11 +585,14 @@ def main() -> int:
 
 
 def targets(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Issue 17's targets for this shape: (figure, limit, met). The many-jobs
-    case and the one huge job (1 master + 2,047 workers) have their own."""
-    ratio, op = results["ratio_operator_vs_baseline"], results["operator"]
+    """The targets for this shape: (figure, limit, met), against the bare client
+    that pays for the same Services (issue 32), or the pods-only one when that
+    half did not run. The many-jobs case and the one huge job (1 master + 2,047
+    workers) have their own; the operator's own CPU and memory are absolute."""
+    op = results["operator"]
+    ratio = results.get("ratio_operator_vs_services") or results["ratio_operator_vs_baseline"]
     if results["jobs"] == 1:
-        wanted = {"created_p99_vs_baseline_all_created": ("<=", 1.2)}
+        wanted = {"created_p99_vs_baseline_all_created": ("<=", 1.1)}
     else:
         per_1000 = op["operator_cpu_seconds"] * 1000 / results["jobs"]
         ratio = {**ratio, "operator_cpu_seconds_per_1000_jobs": per_1000}
@@ -590,8 +600,7 @@ def targets(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
         wanted = {
             "pods_created_per_s": (">=", 0.9),
             "created_p99_vs_baseline_all_created": ("<=", 2.0),
-            "running_p50": ("<=", 1.2),
-            "apiserver_requests_per_job": ("<=", 1.2),
+            "apiserver_requests_per_job": ("<=", 1.1),
             "operator_cpu_seconds_per_1000_jobs": ("<=", 40.0),
             # The issue sets it at 1,000 jobs; smaller runs report it all the same.
             "operator_peak_rss_mib": ("<=", 150.0),
@@ -655,9 +664,10 @@ def print_table(results: dict[str, Any]) -> None:
         print(f"  {component:52}" + "".join(f"{value:10.1f}" for value in spent))
     cpu_pad = " " * 10 * (len(halves) - 1)
     print(f"  {'the operator itself':52}{cpu_pad}{op['operator_cpu_seconds']:10.1f}")
+    against = "services" if "ratio_operator_vs_services" in results else "baseline"
     for name, target in results["targets"].items():
         verdict = "met" if target["met"] else "NOT met"
-        print(f"target {name}: {target['value']:.2f} ({target['limit']}): {verdict}")
+        print(f"target {name} (vs {against}): {target['value']:.2f} ({target['limit']}): {verdict}")
 
 
 if __name__ == "__main__":

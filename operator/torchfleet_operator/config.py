@@ -1,4 +1,5 @@
-"""Operator tunables, read from ``TORCHFLEET_OPERATOR_*`` variables or flags.
+"""Operator settings, read from ``TORCHFLEET_OPERATOR_*`` variables; the
+command line (main.py) takes its defaults from here and may override them.
 
 Defaults suit a real cluster; tests shrink the back-offs through the same
 variables so that restart scenarios take seconds, not minutes.
@@ -13,6 +14,9 @@ from collections.abc import Mapping
 from torchfleet_trainer import contract
 
 ENV_PREFIX = "TORCHFLEET_OPERATOR_"
+# The image of pods whose job names none (spec.image, the templates' trainer).
+DEFAULT_TRAINER_IMAGE = "ghcr.io/torchfleet/trainer:0.1.0"
+_TRUE = ("1", "true", "yes")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,33 +65,51 @@ class OperatorConfig:
     # Concurrent reconciles, and concurrent API calls within one reconcile.
     workers: int = 8
     api_concurrency: int = 16
+    # Pods of jobs that name no image run this one.
+    trainer_image: str = DEFAULT_TRAINER_IMAGE
+    # /dev/shm of jobs that set no spec.resources.shmSize (a quantity, e.g.
+    # 16Gi); empty: bounded only by the pod's memory limit.
+    default_shm_size: str = ""
+    # kopf's liveness endpoint and the operator's Prometheus /metrics (0: off).
+    health_port: int = 8080
+    metrics_port: int = 9090
+    # Run as one of several replicas; the holder of this Lease reconciles.
+    leader_elect: bool = False
+    lease_name: str = "torchfleet-operator"
+    log_level: str = "INFO"
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if value < 0:
+            if isinstance(value, (int, float)) and value < 0:
                 raise ValueError(f"{ENV_PREFIX}{field.name.upper()} must be >= 0, got {value}")
         if self.workers < 1 or self.api_concurrency < 1:
             raise ValueError(f"{ENV_PREFIX}WORKERS and {ENV_PREFIX}API_CONCURRENCY must be >= 1")
-        if not 1 <= self.progress_port <= 65535:
-            raise ValueError(
-                f"{ENV_PREFIX}PROGRESS_PORT must be a TCP port, got {self.progress_port}"
-            )
+        for name in ("progress_port", "health_port", "metrics_port"):
+            port = getattr(self, name)
+            lowest = 0 if name == "metrics_port" else 1  # metrics: 0 turns them off
+            if not lowest <= port <= 65535:
+                raise ValueError(f"{ENV_PREFIX}{name.upper()} must be a TCP port, got {port}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
         """Reads every field from ``TORCHFLEET_OPERATOR_<FIELD>``; bad values are named."""
         env = os.environ if env is None else env
-        values: dict[str, float | int] = {}
+        values: dict[str, float | int | str | bool] = {}
         for field in dataclasses.fields(cls):
             name = f"{ENV_PREFIX}{field.name.upper()}"
             raw = env.get(name)
             if raw is None or raw == "":
                 continue
-            kind = int if field.type in (int, "int") else float
-            try:
-                values[field.name] = kind(raw)
-            except ValueError:
-                expected = "an integer" if kind is int else "a number"
-                raise ValueError(f"{name} must be {expected}, got {raw!r}") from None
+            if field.type in (str, "str"):
+                values[field.name] = raw
+            elif field.type in (bool, "bool"):
+                values[field.name] = raw.lower() in _TRUE
+            else:
+                kind = int if field.type in (int, "int") else float
+                try:
+                    values[field.name] = kind(raw)
+                except ValueError:
+                    expected = "an integer" if kind is int else "a number"
+                    raise ValueError(f"{name} must be {expected}, got {raw!r}") from None
         return cls(**values)  # type: ignore[arg-type]

@@ -10,6 +10,7 @@ kopf's event loop never blocks. It imports no kopf: the caches are mappings.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -23,16 +24,17 @@ from torchfleet_operator import metrics
 from torchfleet_operator.build.names import checkpoint_claim_name
 from torchfleet_operator.config import OperatorConfig
 from torchfleet_operator.informer import PodInformer
-from torchfleet_operator.kube import Executor, RawApi
+from torchfleet_operator.kube import ExecutionResult, Executor, RawApi
 from torchfleet_operator.leader import LeaderElector
 from torchfleet_operator.metrics import JobKey
-from torchfleet_operator.observed import Observed, ObservedNode, ObservedPod
-from torchfleet_operator.policy.admission import KueueView
-from torchfleet_operator.progress import ProgressPoller
-from torchfleet_operator.reconcile import Plan, after_execute, plan
+from torchfleet_operator.observed import KueueView, Observed, ObservedNode, ObservedPod
+from torchfleet_operator.planning import Plan
+from torchfleet_operator.reconcile import plan
+from torchfleet_operator.scraper import ProgressPoller
 from torchfleet_operator.status.pacing import wait_before_writing
 from torchfleet_operator.status.patch import with_removals
 from torchfleet_operator.status.progress import without_scraped
+from torchfleet_operator.status.rejections import after_execute
 from torchfleet_operator.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -87,18 +89,21 @@ class Controller:
         self,
         config: OperatorConfig,
         executor: Executor,
-        default_image: str,
+        default_image: str | None = None,
         default_shm_size: str | None = None,
         leader: LeaderElector | None = None,
         namespaces: Sequence[str] = (),
     ) -> None:
+        """``default_image`` and ``default_shm_size``, when given, replace the config's."""
+        if default_image is not None:
+            config = dataclasses.replace(config, trainer_image=default_image)
+        if default_shm_size is not None:
+            config = dataclasses.replace(config, default_shm_size=default_shm_size)
         self.config = config
         # Without an elector this replica leads from the start (one replica).
         self.leader = leader
         self.leading = asyncio.Event()
         self.executor = executor
-        self.default_image = default_image
-        self.default_shm_size = default_shm_size
         self.caches = Caches()
         # Its list calls are not the reconciler's: not in api_requests_total.
         uncounted = RawApi(executor.raw.api, counted=False)
@@ -327,33 +332,63 @@ class Controller:
             metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
 
     def _reconcile(self, key: JobKey, snapshot: Snapshot) -> float | None:
+        """One pass: plan, execute, write the status once, then post the events.
+
+        When nothing the plan does can change its status (it creates nothing, so
+        nothing can be refused), the status is written first and the plan runs
+        once it landed. A gang restart is such a pass: the bump is recorded
+        before the old gang is deleted (as JobSet does), and should the
+        operator crash in between, the next pass finds the old gang's pods a
+        generation behind and deletes them; the restart is neither lost nor
+        counted twice. Otherwise the plan runs first and what the API server
+        refused goes into the one write (status/rejections.py).
+        """
         body = snapshot.body
-        namespace, name = key
         uid = body["metadata"].get("uid", "")
         current = self._last_status.get(uid, body.get("status") or {})
         now = datetime.now(UTC)
-        decided = plan(
-            body,
-            snapshot.observed,
-            now,
-            self.config,
-            current,
-            self.default_image,
-            self.default_shm_size,
-        )
-        if decided.gang_restart:
-            # The bump is recorded before the old gang is deleted (as JobSet
-            # does): a crash in between must not lose the restart.
-            if not self._write_status(key, uid, current, decided.status, decided):
-                return self._api_backoff(key)
-            current = decided.status
-        result = self.executor.execute(namespace, body, decided)
-        self._remember(key, decided, result.created_pods)
-        rejected = [
-            (f.kind, f.name, f.code, f.message) for f in result.failures if f.verb == "create"
-        ]
+        decided = plan(body, snapshot.observed, now, self.config, current)
         held = self._expectations.setdefault(key, _Expectations()).held
-        status = after_execute(decided.status, current, rejected, bool(held), now)
+        still_held = bool(held)
+        if _status_known_before_executing(decided):
+            status = after_execute(decided.status, current, [], still_held, now)
+            landed, delay = self._write_once(key, body, current, status, decided)
+            if not landed and decided.gang_restart:
+                return delay  # nothing is deleted before the restart is recorded
+            result = self.executor.execute(key[0], body, decided)
+            delay = _sooner(delay, self._executed(key, decided, result, snapshot))
+        else:
+            result = self.executor.execute(key[0], body, decided)
+            delay = self._executed(key, decided, result, snapshot)
+            if result.job_deleted:
+                return None
+            rejected = [
+                (f.kind, f.name, f.code, f.message) for f in result.failures if f.verb == "create"
+            ]
+            status = after_execute(decided.status, current, rejected, still_held, now)
+            landed, written_delay = self._write_once(key, body, current, status, decided)
+            delay = _sooner(delay, written_delay)
+        if landed:  # else the next pass plans them again
+            self.executor.post_events(key[0], body, decided.events)
+        self.phases.set(key, status.get("phase") or "Pending")
+        self.goodput.set(key, status)
+        log.debug(
+            "%s/%s: %s, created %d, deleted %d, %d refused, next pass in %s",
+            *key,
+            status.get("phase"),
+            result.created,
+            result.deleted,
+            len(result.failures),
+            delay,
+        )
+        return _sooner(delay, self.config.resync_seconds or None)
+
+    def _executed(
+        self, key: JobKey, decided: Plan, result: ExecutionResult, snapshot: Snapshot
+    ) -> float | None:
+        """Records what the plan did; the delay its refusals ask for, if any."""
+        self._remember(key, decided, result.created_pods)
+        held = self._expectations.setdefault(key, _Expectations()).held
         delay = decided.requeue_after
         if held:  # wake up when the first refused child may be retried
             delay = _sooner(delay, max(0.0, min(held.values()) - time.monotonic()) + 0.05)
@@ -366,8 +401,19 @@ class Controller:
         elif not snapshot.observed.held:
             # Only a pass that retried everything and succeeded resets the back-off.
             self._api_failures.pop(key, None)
-        if result.job_deleted:
-            return None
+        return delay
+
+    def _write_once(
+        self,
+        key: JobKey,
+        body: dict[str, Any],
+        current: dict[str, Any],
+        status: dict[str, Any],
+        decided: Plan,
+    ) -> tuple[bool, float | None]:
+        """The pass's one status write, if it is due: (landed or not needed, the
+        delay it asks for: the pacing's hold, or the back-off of a refusal)."""
+        uid = body["metadata"].get("uid", "")
         written_at = self._written_at.get(uid)
         hold = wait_before_writing(
             current,
@@ -376,25 +422,13 @@ class Controller:
             self.config.status_counts_interval_seconds,
         )
         if hold is not None:  # counts alone: shown with the next write, at the latest then
-            delay = _sooner(delay, hold)
-        elif status != current:
-            if self._write_status(key, uid, current, status, decided):
-                self._written_over[uid] = _identity(body)
-            else:
-                delay = _sooner(delay, self._api_backoff(key))
-        self.phases.set(key, status.get("phase") or "Pending")
-        self.goodput.set(key, status)
-        log.debug(
-            "%s/%s: %s, created %d, deleted %d, %d refused, next pass in %s",
-            namespace,
-            name,
-            status.get("phase"),
-            result.created,
-            result.deleted,
-            len(result.failures),
-            delay,
-        )
-        return _sooner(delay, self.config.resync_seconds or None)
+            return True, _sooner(decided.requeue_after, hold)
+        if status == current:
+            return True, decided.requeue_after
+        if self._write_status(key, uid, current, status, decided):
+            self._written_over[uid] = _identity(body)
+            return True, decided.requeue_after
+        return False, _sooner(decided.requeue_after, self._api_backoff(key))
 
     def _write_status(
         self,
@@ -501,6 +535,12 @@ def cached_job(body: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(meta, Mapping) and "managedFields" in meta:
         job["metadata"] = {k: v for k, v in meta.items() if k != "managedFields"}
     return job
+
+
+def _status_known_before_executing(decided: Plan) -> bool:
+    """Nothing the plan does can change its status: it creates nothing (no
+    refusal to report) and does not delete the job (no status to write)."""
+    return not decided.create and not decided.dry_run and not decided.delete_job
 
 
 def _claim_key(body: dict[str, Any]) -> tuple[str, str]:

@@ -20,9 +20,7 @@ from torchfleet_operator.api.constants import GROUP, PLURAL, VERSION
 from torchfleet_operator.build.labels import JOB_NAME_LABEL
 from torchfleet_operator.controller import Controller, cached_job
 from torchfleet_operator.metrics import JobKey
-from torchfleet_operator.observed import ObservedNode
-from torchfleet_operator.policy.admission import Flavor, ObservedWorkload
-from torchfleet_operator.status.podgroup import ObservedPodGroup
+from torchfleet_operator.observed import Flavor, ObservedNode, ObservedPodGroup, ObservedWorkload
 
 CHILD = {JOB_NAME_LABEL: kopf.PRESENT}
 # Kueue's API. Its CRDs may be absent: kopf serves these handlers once they

@@ -4,7 +4,8 @@ Rules the executor keeps so that reconciling twice changes nothing:
 * create: 409 AlreadyExists is success (children are deterministic by name)
   when the object is controlled by the same job, else a name conflict;
 * delete: 404 NotFound is success;
-* one status patch per pass, and only when the status changed;
+* one status patch per pass, and only when the status changed; the pass's
+  events are posted once it landed;
 * every other API failure is counted and handed back, never raised, so the
   pass can report it in a condition and back off.
 
@@ -39,7 +40,7 @@ from kubernetes.client.exceptions import ApiException
 from torchfleet_operator import metrics
 from torchfleet_operator.api.constants import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from torchfleet_operator.build.labels import NODE_RANK_LABEL
-from torchfleet_operator.reconcile import ChildRef, EventSpec, Plan, WorkloadPatch
+from torchfleet_operator.planning import ChildRef, EventSpec, Plan, WorkloadPatch
 
 log = logging.getLogger(__name__)
 
@@ -237,7 +238,8 @@ class Executor:
         self._events.shutdown(wait=False, cancel_futures=True)
 
     def execute(self, namespace: str, job: dict[str, Any], plan: Plan) -> ExecutionResult:
-        """Deletes, then creates, then queues the events; the status is separate.
+        """Deletes, then creates; the status and the events are separate
+        (``write_status``, then ``post_events`` once it landed).
 
         Creation order: Services, claims and PodGroups (pods refer to them),
         together with the plan's dry runs; then a new gang's master alone (slow
@@ -274,11 +276,6 @@ class Executor:
             failure = self._patch_workload(namespace, patch)
             if failure:
                 result.failures.append(failure)
-        # Events are posted in the background, as client-go's recorder does: the
-        # status is the record, and waiting for them held every pass one round trip.
-        now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-        for event in plan.events:
-            self._events.submit(self._post_event, namespace, job, event, now)
         if plan.delete_job:
             failure = self._delete_job(namespace, job["metadata"]["name"])
             result.job_deleted = failure is None
@@ -442,6 +439,14 @@ class Executor:
                 return None
             return self._failure("patch", f"{KIND}/status", name, exc)
         return None
+
+    def post_events(self, namespace: str, job: dict[str, Any], events: Sequence[EventSpec]) -> None:
+        """Queues the events. They are posted in the background, as client-go's
+        recorder does: the status is the record, and waiting for them held every
+        pass one round trip."""
+        now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        for event in events:
+            self._events.submit(self._post_event, namespace, job, event, now)
 
     def _post_event(self, namespace: str, job: dict[str, Any], event: EventSpec, now: str) -> None:
         meta = job["metadata"]

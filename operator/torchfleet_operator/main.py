@@ -17,6 +17,7 @@ import socket
 import sys
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 import kopf
 
@@ -26,11 +27,18 @@ from torchfleet_operator.controller import Controller
 from torchfleet_operator.kube import Executor, make_api_client
 from torchfleet_operator.leader import ElectionTiming, LeaderElector
 
-DEFAULT_IMAGE = "ghcr.io/torchfleet/trainer:0.1.0"
 
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+def parse_args(
+    argv: Sequence[str] | None = None, config: OperatorConfig | None = None
+) -> argparse.Namespace:
+    """The command line; every default is ``config``'s (default: the environment's,
+    ``TORCHFLEET_OPERATOR_*``), so the environment is read once, by OperatorConfig."""
     parser = argparse.ArgumentParser(prog="torchfleet-operator", description=__doc__)
+    if config is None:
+        try:
+            config = OperatorConfig.from_env()
+        except ValueError as exc:
+            parser.error(str(exc))
     parser.add_argument(
         "-n",
         "--namespace",
@@ -53,38 +61,37 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--health-port",
         type=int,
-        default=int(os.environ.get("TORCHFLEET_OPERATOR_HEALTH_PORT", "8080")),
+        default=config.health_port,
         help="liveness endpoint port (/healthz)",
     )
     parser.add_argument(
         "--metrics-port",
         type=int,
-        default=int(os.environ.get("TORCHFLEET_OPERATOR_METRICS_PORT", "9090")),
+        default=config.metrics_port,
         help="Prometheus /metrics port; 0 disables",
     )
     parser.add_argument(
         "--trainer-image",
-        default=os.environ.get("TORCHFLEET_OPERATOR_TRAINER_IMAGE", DEFAULT_IMAGE),
+        default=config.trainer_image,
         help="image of pods whose job sets no spec.image",
     )
     parser.add_argument(
         "--default-shm-size",
-        default=os.environ.get("TORCHFLEET_OPERATOR_DEFAULT_SHM_SIZE") or None,
+        default=config.default_shm_size or None,
         help="size of /dev/shm for jobs that set no spec.resources.shmSize "
         "(a quantity, e.g. 16Gi); unset: bounded only by the pod's memory limit",
     )
     parser.add_argument(
-        "--node-loss-grace-seconds",
+        "--node-loss-force-delete-seconds",
         type=float,
-        default=None,
+        default=config.node_loss_force_delete_seconds,
         help="force-delete a job's pods still terminating this long after their node "
-        "went NotReady/Unknown (or out-of-service), so the next gang can start "
-        "(default: $TORCHFLEET_OPERATOR_NODE_LOSS_FORCE_DELETE_SECONDS, else 60)",
+        "went NotReady/Unknown (or out-of-service), so the next gang can start",
     )
     parser.add_argument(
         "--leader-elect",
         action="store_true",
-        default=os.environ.get("TORCHFLEET_OPERATOR_LEADER_ELECT", "").lower() in ("1", "true"),
+        default=config.leader_elect,
         help="run as one of several replicas: only the holder of a coordination.k8s.io "
         "Lease reconciles; the others keep warm caches and take over when it expires",
     )
@@ -95,27 +102,53 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--leader-elect-name",
-        default=os.environ.get("TORCHFLEET_OPERATOR_LEASE_NAME", "torchfleet-operator"),
+        default=config.lease_name,
         help="name of the leader Lease",
     )
-    parser.add_argument(
-        "--log-level", default=os.environ.get("TORCHFLEET_OPERATOR_LOG_LEVEL", "INFO")
-    )
+    parser.add_argument("--log-level", default=config.log_level)
     return parser.parse_args(argv)
 
 
+def effective_config(config: OperatorConfig, args: argparse.Namespace) -> OperatorConfig:
+    """``config`` with what the command line overrides."""
+    return dataclasses.replace(
+        config,
+        trainer_image=args.trainer_image,
+        default_shm_size=args.default_shm_size or "",
+        node_loss_force_delete_seconds=args.node_loss_force_delete_seconds,
+        health_port=args.health_port,
+        metrics_port=args.metrics_port,
+        leader_elect=args.leader_elect,
+        lease_name=args.leader_elect_name,
+        log_level=args.log_level,
+    )
+
+
+def kopf_options(args: argparse.Namespace) -> dict[str, Any]:
+    """kopf.operator's arguments: standalone unless --peering names a peering
+    object (kopf's own HA: the replicas see each other through it)."""
+    return {
+        "standalone": args.peering is None,
+        "peering_name": args.peering,
+        "clusterwide": not args.namespace,
+        "namespaces": args.namespace,
+        "liveness_endpoint": f"http://{args.health_address}:{args.health_port}/healthz",
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+    try:
+        config = OperatorConfig.from_env()
+    except ValueError as exc:
+        print(f"torchfleet-operator: {exc}", file=sys.stderr)
+        return 2
+    args = parse_args(argv, config)
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        config = OperatorConfig.from_env()
-        if args.node_loss_grace_seconds is not None:
-            config = dataclasses.replace(
-                config, node_loss_force_delete_seconds=args.node_loss_grace_seconds
-            )
+        config = effective_config(config, args)
         timing = ElectionTiming(
             config.lease_duration_seconds,
             config.lease_renew_deadline_seconds,
@@ -145,26 +178,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # No write once the lease ran out by this replica's clock, even before
         # the renew loop notices (a process frozen past its lease wakes with both).
         executor.raw.fence = leader.holds_lease
-    controller = Controller(
-        config,
-        executor,
-        args.trainer_image,
-        args.default_shm_size,
-        leader,
-        namespaces=args.namespace,
-    )
+    controller = Controller(config, executor, leader=leader, namespaces=args.namespace)
     if args.metrics_port:
         metrics.serve(args.metrics_port, args.health_address)
-    asyncio.run(
-        kopf.operator(
-            standalone=args.peering is None,
-            peering_name=args.peering,
-            clusterwide=not args.namespace,
-            namespaces=args.namespace,
-            liveness_endpoint=f"http://{args.health_address}:{args.health_port}/healthz",
-            memo=kopf.Memo(controller=controller),
-        )
-    )
+    asyncio.run(kopf.operator(**kopf_options(args), memo=kopf.Memo(controller=controller)))
     return 0
 
 

@@ -1,4 +1,5 @@
-"""What the operator saw: compact, immutable summaries of pods and nodes.
+"""What the operator saw: compact, immutable summaries of pods, nodes, the
+job's PodGroup and its Kueue Workload.
 
 The informer caches keep these instead of whole objects (9,000 pods at
 scale), and the planner takes them as plain data. Pure: no client imports.
@@ -10,14 +11,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from torchfleet_operator.api import reasons as r
 from torchfleet_operator.api.constants import TRAINER_CONTAINER_NAME
 from torchfleet_operator.build.labels import NODE_RANK_LABEL, RESTART_LABEL, ROLE_LABEL
-from torchfleet_operator.policy.admission import KueueView
-from torchfleet_operator.status.podgroup import ObservedPodGroup
 
-# Reasons the kubelet or control plane put on a pod it took away.
-EVICTED = "Evicted"
-PREEMPTED = "Preempted"
 # A termination message (with FallbackToLogsOnError: the log's tail) is cut to
 # its last this many characters: enough for the error line, small for a status.
 MESSAGE_CHARS = 400
@@ -97,7 +94,7 @@ class ObservedPod:
         stuck = _stuck(status)
         disruption = _disruption(status)
         never_started = status.get("phase") == "Failed" and finished_at is None
-        if status.get("reason") in (EVICTED, PREEMPTED):
+        if status.get("reason") in (r.REASON_EVICTED, r.REASON_PREEMPTED):
             reason, message = status["reason"], status.get("message") or message
         elif disruption is not None:
             reason, message = disruption
@@ -118,7 +115,8 @@ class ObservedPod:
             exit_code=exit_code,
             reason=reason,
             message=_tail(message),
-            disrupted=status.get("reason") in (EVICTED, PREEMPTED) or disruption is not None,
+            disrupted=status.get("reason") in (r.REASON_EVICTED, r.REASON_PREEMPTED)
+            or disruption is not None,
             owner_uid=next(
                 (
                     ref.get("uid")
@@ -252,6 +250,145 @@ class ObservedNode:
         return cls(
             name=meta.get("name", ""), ready=False, since=None, out_of_service=out_of_service
         )
+
+
+# ---- gang scheduling: the job's PodGroup ----
+
+KIND_OF_GROUP = {"scheduling.x-k8s.io": "Coscheduling", "scheduling.volcano.sh": "Volcano"}
+_POD_GROUP_TEXT_CHARS = 1024
+
+
+@dataclass(frozen=True)
+class ObservedPodGroup:
+    """What the operator reads of its PodGroup."""
+
+    kind: str  # Coscheduling | Volcano
+    phase: str | None = None
+    queue: str | None = None
+    unschedulable: str | None = None  # Volcano's Unschedulable condition: "reason: message"
+    owner_uid: str | None = None
+
+    @classmethod
+    def from_manifest(cls, group: dict[str, Any]) -> ObservedPodGroup | None:
+        """None for anything that is not a PodGroup of a known scheduler."""
+        api_group = str(group.get("apiVersion") or "").split("/")[0]
+        kind = KIND_OF_GROUP.get(api_group)
+        if kind is None or group.get("kind") != "PodGroup":
+            return None
+        meta = group.get("metadata") or {}
+        status = group.get("status") or {}
+        return cls(
+            kind=kind,
+            phase=_group_text(status.get("phase")),
+            queue=_group_text((group.get("spec") or {}).get("queue")),
+            unschedulable=_group_unschedulable(status.get("conditions")),
+            owner_uid=next(
+                (r.get("uid") for r in meta.get("ownerReferences") or () if r.get("controller")),
+                None,
+            ),
+        )
+
+
+def _group_text(value: Any) -> str | None:
+    return value[:_POD_GROUP_TEXT_CHARS] if isinstance(value, str) and value else None
+
+
+def _group_unschedulable(conditions: Any) -> str | None:
+    for condition in conditions if isinstance(conditions, list) else ():
+        if not isinstance(condition, dict):
+            continue
+        if condition.get("type") == "Unschedulable" and condition.get("status") == "True":
+            parts = [_group_text(condition.get("reason")), _group_text(condition.get("message"))]
+            return ": ".join(p for p in parts if p) or "Unschedulable"
+    return None
+
+
+# ---- Kueue: the job's Workload and the flavors it may name ----
+
+
+@dataclass(frozen=True)
+class Flavor:
+    """What a ResourceFlavor puts on the pods it admits."""
+
+    node_labels: dict[str, str] = field(default_factory=dict)
+    tolerations: tuple[dict[str, Any], ...] = ()
+
+    @classmethod
+    def from_manifest(cls, flavor: dict[str, Any]) -> Flavor:
+        spec = flavor.get("spec") or {}
+        labels = spec.get("nodeLabels") or {}
+        tolerations = spec.get("tolerations") or []
+        return cls(
+            node_labels={str(k): str(v) for k, v in labels.items()}
+            if isinstance(labels, dict)
+            else {},
+            tolerations=tuple(t for t in tolerations if isinstance(t, dict))
+            if isinstance(tolerations, list)
+            else (),
+        )
+
+
+@dataclass(frozen=True)
+class ObservedWorkload:
+    """The job's Workload as the planner needs it (the whole manifest is kept:
+    clearing a reservation re-applies its admission-managed conditions)."""
+
+    manifest: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return str(self.metadata.get("name") or "")
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return dict(self.manifest.get("metadata") or {})
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return dict(self.manifest.get("status") or {})
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        return dict(self.manifest.get("spec") or {})
+
+    @property
+    def deleting(self) -> bool:
+        return bool(self.metadata.get("deletionTimestamp"))
+
+    def condition(self, type_: str) -> dict[str, Any] | None:
+        return next(
+            (c for c in self.status.get("conditions") or () if c.get("type") == type_), None
+        )
+
+    def is_true(self, type_: str) -> bool:
+        found = self.condition(type_)
+        return found is not None and found.get("status") == "True"
+
+    @property
+    def has_reservation(self) -> bool:
+        return self.status.get("admission") is not None and self.is_true(r.WORKLOAD_QUOTA_RESERVED)
+
+    @property
+    def admitted(self) -> bool:
+        return self.has_reservation and self.is_true(r.WORKLOAD_ADMITTED)
+
+    @property
+    def evicted(self) -> bool:
+        return self.is_true(r.WORKLOAD_EVICTED)
+
+    @property
+    def finished(self) -> bool:
+        return self.is_true(r.WORKLOAD_FINISHED)
+
+
+@dataclass(frozen=True)
+class KueueView:
+    """Everything about Kueue one pass needs (observed.Observed.kueue)."""
+
+    installed: bool = True  # Kueue's Workload CRD is served
+    workload: ObservedWorkload | None = None
+    flavors: dict[str, Flavor] = field(default_factory=dict)  # ResourceFlavors by name
+    priority: int | None = None  # value of the job's PriorityClass, when known
 
 
 @dataclass(frozen=True)

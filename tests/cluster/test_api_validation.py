@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from tests.fixtures.api import TrainingJobs
+from tests.fixtures.poll import wait_for
 from tests.unit.api.cases import (
     DEEPSPEED_ACCEPTED,
     ELASTIC_ACCEPTED,
@@ -155,13 +156,12 @@ def test_an_elastic_jobs_worker_replicas_alone_change_while_it_runs(
 
 
 def test_kubectl_explain_reads_the_descriptions(cluster: Any, trainingjob_crd: str) -> None:
-    deadline = time.monotonic() + 60
-    while True:  # the OpenAPI document catches up with a new CRD within seconds
+    def explained() -> Any:
         out = cluster.kubectl("explain", "trainingjob.spec.network", check=False)
-        if out.returncode == 0 or time.monotonic() > deadline:
-            break
-        time.sleep(1)
-    assert out.returncode == 0, out.stderr
+        return out if out.returncode == 0 else None
+
+    # The OpenAPI document catches up with a new CRD within seconds.
+    out = wait_for("kubectl explain to know the CRD", explained, 60, interval=1)
     assert "Transport, NICs, RDMA and NCCL settings." in out.stdout
     for field in ("ncclEnv", "ibHCAs", "gpuDirectRDMALevel", "hostNetwork", "rdmaResources"):
         assert field in out.stdout

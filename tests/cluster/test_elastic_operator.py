@@ -12,7 +12,6 @@ trains on those and grows to 4 when room appears.
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +21,7 @@ import pytest
 from tests.fixtures.cluster import node_ready
 from tests.fixtures.operator import fake_node
 from tests.fixtures.operator import kwok_job_spec as spec
+from tests.fixtures.poll import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -59,10 +59,10 @@ class Pool:
         body["spec"]["unschedulable"] = True
         self.cluster.kubectl("create", "-f", "-", input=json.dumps(body))
         self.nodes.append(node)
-        deadline = time.monotonic() + 60
-        while not node_ready(self.cluster.get_json("nodes", node)):
-            assert time.monotonic() < deadline, f"KWOK node {node} never became Ready"
-            time.sleep(0.2)
+        wait_for(
+            f"KWOK node {node} to become Ready",
+            lambda: node_ready(self.cluster.get_json("nodes", node)),
+        )
         self.cluster.kubectl("uncordon", node)
         return node
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.fixtures.gang import BLOCK_LABEL, GPU, SCHEDULER_NAME, GangPool, need
+from torchfleet_operator.status.conditions import find
 
 GANG_KINDS = ["Coscheduling", "Volcano"]
 PODGROUP_PATH = {
@@ -66,8 +67,7 @@ def refused(pod: dict[str, Any]) -> bool:
 
 
 def gang_condition(job_driver: Any, namespace: str, name: str) -> dict[str, Any] | None:
-    conditions = job_driver.status(namespace, name).get("conditions") or []
-    return next((c for c in conditions if c["type"] == "GangScheduled"), None)
+    return find(job_driver.status(namespace, name).get("conditions"), "GangScheduled")
 
 
 def wait_gang_refused(

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import re
 import textwrap
-import time
 from typing import Any
 
 import pytest
 import yaml
 
 from tests.fixtures.helm import CI_VALUES, Helm
+from tests.fixtures.poll import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -42,17 +42,29 @@ def wait_for_operator_pod(cluster: Any, namespace: str, release: str) -> dict[st
     """The pod the Deployment's ReplicaSet creates; fails with the ReplicaSet's
     events when admission (e.g. Pod Security) refused it."""
     selector = f"app.kubernetes.io/instance={release},app.kubernetes.io/component=operator"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        pods = cluster.get_json("pods", "-n", namespace, "-l", selector)["items"]
-        if pods:
-            return dict(pods[0])
-        time.sleep(0.5)
-    events = cluster.kubectl("get", "events", "-n", namespace, "-o", "name").stdout
-    refused = cluster.kubectl(
-        "get", "events", "-n", namespace, "--field-selector", "reason=FailedCreate", "-o", "json"
-    ).stdout
-    raise AssertionError(f"no operator pod after 60s; events: {events}\n{refused}")
+
+    def refusals() -> str:
+        events = cluster.kubectl("get", "events", "-n", namespace, "-o", "name").stdout
+        refused = cluster.kubectl(
+            "get",
+            "events",
+            "-n",
+            namespace,
+            "--field-selector",
+            "reason=FailedCreate",
+            "-o",
+            "json",
+        ).stdout
+        return f"events: {events}\n{refused}"
+
+    pods = wait_for(
+        "the operator pod",
+        lambda: cluster.get_json("pods", "-n", namespace, "-l", selector)["items"],
+        60,
+        interval=0.5,
+        explain=refusals,
+    )
+    return dict(pods[0])
 
 
 @pytest.mark.parametrize(
@@ -129,11 +141,12 @@ def test_install_serves_the_first_job_and_uninstall_leaves_only_the_crd(
     )
     assert release_objects(cluster, CLUSTER_KINDS, release.name, None) == []
     # The garbage collector removes the ReplicaSet and pod after the Deployment.
-    deadline = time.monotonic() + 60
-    while (left := release_objects(cluster, NAMESPACED_KINDS, release.name, namespace)) and (
-        time.monotonic() < deadline
-    ):
-        time.sleep(0.5)
-    assert left == []
+    wait_for(
+        "the garbage collector to delete the release's namespaced objects",
+        lambda: release_objects(cluster, NAMESPACED_KINDS, release.name, namespace) == [],
+        60,
+        interval=0.5,
+        explain=lambda: str(release_objects(cluster, NAMESPACED_KINDS, release.name, namespace)),
+    )
     # Helm never deletes what it installed from crds/: user jobs survive.
     assert cluster.kubectl("get", CRD, "-o", "name").stdout.strip().endswith(CRD_NAME)

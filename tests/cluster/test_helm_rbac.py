@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import pytest
 
 from tests.fixtures.cluster import token_kubeconfig
 from tests.fixtures.helm import Release
+from tests.fixtures.poll import poll
 
 pytestmark = pytest.mark.cluster
 
@@ -41,12 +41,9 @@ def service_account_kubeconfig(cluster: Any, release: Release, path: Path) -> st
 
 def another_operator_answers(job_driver: Any, namespace: str, job: str) -> bool:
     """Whether some operator already running picks up a new job within seconds."""
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        if job_driver.status(namespace, job) or job_driver.pods(namespace, job):
-            return True
-        time.sleep(0.5)
-    return False
+    return bool(
+        poll(lambda: job_driver.status(namespace, job) or job_driver.pods(namespace, job), 5, 0.5)
+    )
 
 
 def can_i(cluster: Any, kubeconfig: str, *question: str) -> bool:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -14,22 +13,11 @@ from typing import Any
 import pytest
 
 from tests.fixtures.cluster import Cluster
+from tests.fixtures.poll import wait_for
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).parents[2]
 FAKE_NODE = json.loads((REPO / "dev/cluster/fake-gpu-node.json").read_text())
-
-
-def eventually(probe: Callable[[], Any], what: str, timeout: float = 60) -> Any:
-    """Polls until probe() returns something truthy; fails naming what never happened."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.25)
 
 
 def pod_manifest(
@@ -66,7 +54,7 @@ def phase_is(
 
 def test_pod_with_8_gpus_runs_on_a_fake_gpu_node(cluster: Cluster, namespace: str) -> None:
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=pod_manifest("eight", gpus=8))
-    running = eventually(phase_is(cluster, namespace, "eight", "Running"), "the 8-GPU pod to run")
+    running = wait_for("the 8-GPU pod to run", phase_is(cluster, namespace, "eight", "Running"))
     node = cluster.get_json("node", running["spec"]["nodeName"])
     assert node["metadata"]["labels"]["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
     assert node["status"]["allocatable"]["nvidia.com/gpu"] == "8"
@@ -80,7 +68,7 @@ def test_pod_with_9_gpus_is_unschedulable(cluster: Cluster, namespace: str) -> N
         conditions = pod(cluster, namespace, "nine")["status"].get("conditions", [])
         return next((c for c in conditions if c.get("reason") == "Unschedulable"), None)
 
-    condition = eventually(unschedulable, "the scheduler to mark the 9-GPU pod Unschedulable")
+    condition = wait_for("the scheduler to mark the 9-GPU pod Unschedulable", unschedulable)
     assert condition["type"] == "PodScheduled" and condition["status"] == "False"
     assert "nvidia.com/gpu" in condition["message"]
     assert pod(cluster, namespace, "nine")["status"]["phase"] == "Pending"
@@ -99,13 +87,13 @@ def test_garbage_collector_deletes_owned_pods(cluster: Cluster, namespace: str) 
     cluster.kubectl(
         "apply", "-n", namespace, "-f", "-", input=pod_manifest("owned", ownerReferences=[ref])
     )
-    eventually(phase_is(cluster, namespace, "owned", "Running"), "the owned pod to run")
+    wait_for("the owned pod to run", phase_is(cluster, namespace, "owned", "Running"))
     cluster.kubectl("delete", "configmap", "owner", "-n", namespace)
 
     def gone() -> bool:
         return cluster.kubectl("get", "pod", "owned", "-n", namespace, check=False).returncode != 0
 
-    eventually(gone, "the garbage collector to delete the owned pod")
+    wait_for("the garbage collector to delete the owned pod", gone)
 
 
 @pytest.mark.parametrize(("exit_code", "reason"), [(137, "OOMKilled"), (3, "Error")])
@@ -113,7 +101,7 @@ def test_on_demand_failure_sets_exit_code(
     cluster: Cluster, namespace: str, exit_code: int, reason: str
 ) -> None:
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=pod_manifest("victim"))
-    eventually(phase_is(cluster, namespace, "victim", "Running"), "the pod to run")
+    wait_for("the pod to run", phase_is(cluster, namespace, "victim", "Running"))
     cluster.kubectl(
         "annotate",
         "pod",
@@ -124,7 +112,7 @@ def test_on_demand_failure_sets_exit_code(
         f"torchfleet.dev/kwok-reason={reason}",
     )
     cluster.kubectl("label", "pod", "victim", "-n", namespace, "torchfleet.dev/kwok-fail=true")
-    failed = eventually(phase_is(cluster, namespace, "victim", "Failed"), "the pod to fail")
+    failed = wait_for("the pod to fail", phase_is(cluster, namespace, "victim", "Failed"))
     terminated = failed["status"]["containerStatuses"][0]["state"]["terminated"]
     assert terminated["exitCode"] == exit_code
     assert terminated["reason"] == reason
@@ -132,9 +120,9 @@ def test_on_demand_failure_sets_exit_code(
 
 def test_on_demand_success(cluster: Cluster, namespace: str) -> None:
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=pod_manifest("done"))
-    eventually(phase_is(cluster, namespace, "done", "Running"), "the pod to run")
+    wait_for("the pod to run", phase_is(cluster, namespace, "done", "Running"))
     cluster.kubectl("label", "pod", "done", "-n", namespace, "torchfleet.dev/kwok-succeed=true")
-    succeeded = eventually(phase_is(cluster, namespace, "done", "Succeeded"), "the pod to succeed")
+    succeeded = wait_for("the pod to succeed", phase_is(cluster, namespace, "done", "Succeeded"))
     assert succeeded["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
 
 
@@ -154,16 +142,16 @@ def node_ready(cluster: Cluster, name: str) -> str | None:
 
 
 def test_on_demand_node_not_ready(cluster: Cluster, spare_node: str) -> None:
-    eventually(lambda: node_ready(cluster, spare_node) == "True", "the new node to become Ready")
+    wait_for("the new node to become Ready", lambda: node_ready(cluster, spare_node) == "True")
     cluster.kubectl("label", "node", spare_node, "torchfleet.dev/kwok-not-ready=true")
-    eventually(lambda: node_ready(cluster, spare_node) == "False", "the node to report NotReady")
+    wait_for("the node to report NotReady", lambda: node_ready(cluster, spare_node) == "False")
 
     def tainted() -> bool:
         taints = cluster.get_json("node", spare_node)["spec"].get("taints", [])
         return any(t["key"] == "node.kubernetes.io/not-ready" for t in taints)
 
     # The node-lifecycle controller (a real controller-manager) reacts too.
-    eventually(tainted, "the node-lifecycle controller to taint the node not-ready")
+    wait_for("the node-lifecycle controller to taint the node not-ready", tainted)
 
 
 def test_apiserver_rejects_invalid_object_naming_the_field(
@@ -204,14 +192,14 @@ def test_a_deletion_is_confirmed_for_that_pod_and_never_for_a_new_one_of_its_nam
         pytest.skip("an external cluster: its kubelets confirm deletions")
     held = pod_manifest("rank-0", finalizers=["torchfleet.dev/test-hold"])
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=held)
-    old = eventually(phase_is(cluster, namespace, "rank-0", "Running"), "the pod to run")
+    old = wait_for("the pod to run", phase_is(cluster, namespace, "rank-0", "Running"))
     cluster.kubectl("delete", "pod", "rank-0", "-n", namespace, "--wait=false")
-    eventually(
-        lambda: not cluster.get_json("pods", "-n", namespace)["items"],
+    wait_for(
         "the deletion to complete, finalizer and all",
+        lambda: not cluster.get_json("pods", "-n", namespace)["items"],
     )
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=held)
-    new = eventually(phase_is(cluster, namespace, "rank-0", "Running"), "the new pod to run")
+    new = wait_for("the new pod to run", phase_is(cluster, namespace, "rank-0", "Running"))
 
     # The old pod's terminating events, delivered late (still held by its finalizer,
     # then released): nothing happens to the new pod.

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from tests.fixtures.operator import kwok_job_spec as spec
+from torchfleet_operator.status.conditions import find
 
 pytestmark = pytest.mark.cluster
 
@@ -60,13 +61,14 @@ def test_pods_the_apiserver_forbids_show_its_message_back_off_and_run_once_allow
     job_driver.create(namespace, "llm", spec(workers=1))
     rejected = job_driver.wait_for(
         "the ChildrenRejected condition",
-        lambda: next(
+        lambda: (
             (
-                c
-                for c in job_driver.status(namespace, "llm").get("conditions", [])
-                if c["type"] == "ChildrenRejected" and c["status"] == "True"
-            ),
-            None,
+                found := find(
+                    job_driver.status(namespace, "llm").get("conditions"), "ChildrenRejected"
+                )
+            )
+            and found["status"] == "True"
+            and found
         ),
     )
     assert rejected["reason"] == "CreateRejected", rejected
@@ -156,3 +158,51 @@ def test_the_restart_bump_is_stored_before_the_old_gang_is_deleted(
         and obj["metadata"].get("deletionTimestamp")
     )
     assert bumped < old_gang_deleted, (bumped, old_gang_deleted)
+
+
+def test_a_passs_events_are_posted_after_its_status_write_landed(
+    operator_factory, job_driver, namespace, cluster
+):
+    """An event says what the status already records: `kubectl describe` never
+    shows "GangRunning" over a status that still says Pending. The apiserver's
+    order of writes (etcd revisions, one etcd here) shows which came first."""
+    import threading
+
+    from kubernetes import client, watch
+
+    api = cluster.api_client()
+    custom = client.CustomObjectsApi(api)
+    listed = custom.list_namespaced_custom_object(
+        "torchfleet.dev", "v1alpha1", namespace, "trainingjobs"
+    )
+    start = listed["metadata"]["resourceVersion"]
+    running_written: list[int] = []
+    stream = watch.Watch()
+
+    def follow() -> None:
+        for event in stream.stream(
+            custom.list_namespaced_custom_object,
+            "torchfleet.dev",
+            "v1alpha1",
+            namespace,
+            "trainingjobs",
+            resource_version=start,
+            timeout_seconds=60,
+        ):
+            job = event["object"]
+            if (job.get("status") or {}).get("phase") == "Running":
+                running_written.append(int(job["metadata"]["resourceVersion"]))
+                stream.stop()
+
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    operator_factory(namespaces=[namespace])
+    job_driver.create(namespace, "llm", spec(workers=1))
+    (event,) = [
+        e
+        for e in job_driver.wait_events(namespace, "llm", {"GangRunning"})
+        if e["reason"] == "GangRunning"
+    ]
+    thread.join(timeout=60)
+    assert running_written, "the watch never saw the Running status"
+    assert running_written[0] < int(event["metadata"]["resourceVersion"])

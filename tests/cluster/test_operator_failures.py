@@ -24,12 +24,10 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.fixtures.operator import CRD_FILE, apply_crd
 from tests.fixtures.operator import kwok_job_spec as spec
+from tests.fixtures.poll import wait_for
+from torchfleet_operator.status.conditions import find
 
 pytestmark = pytest.mark.cluster
-
-
-def condition(status: dict[str, Any], type_: str) -> dict[str, Any] | None:
-    return next((c for c in status.get("conditions", []) if c["type"] == type_), None)
 
 
 def set_pod_status(job_driver: Any, namespace: str, pod: str, status: dict[str, Any]) -> None:
@@ -90,10 +88,7 @@ def looser_crd(cluster: Any) -> Iterator[None]:
         "metadata": {"name": "loose-probe", "namespace": "default"},
         "spec": {**spec(workers=1), **NOT_UNDERSTOOD},
     }
-    deadline = time.monotonic() + 30
-    while not _accepted(cluster, probe):
-        assert time.monotonic() < deadline, "the apiserver never served the looser CRD"
-        time.sleep(0.2)
+    wait_for("the apiserver to serve the looser CRD", lambda: _accepted(cluster, probe), 30)
     try:
         yield
     finally:
@@ -135,7 +130,11 @@ def test_a_spec_the_operator_no_longer_understands_neither_kills_nor_revives_job
             reported = job_driver.wait_for(
                 f"SpecNotUnderstood on {name}",
                 lambda n=name: (
-                    (found := condition(job_driver.status(namespace, n), "SpecNotUnderstood"))
+                    (
+                        found := find(
+                            job_driver.status(namespace, n).get("conditions"), "SpecNotUnderstood"
+                        )
+                    )
                     and found["status"] == "True"
                     and found
                 ),
@@ -264,7 +263,7 @@ def test_a_gang_that_never_schedules_says_why_then_fails_at_its_deadline_holding
     waiting = job_driver.wait_for(
         "the scheduler's reason in the Scheduled condition",
         lambda: (
-            (found := condition(job_driver.status(namespace, "llm"), "Scheduled"))
+            (found := find(job_driver.status(namespace, "llm").get("conditions"), "Scheduled"))
             and found["status"] == "False"
             and found
         ),
@@ -272,7 +271,7 @@ def test_a_gang_that_never_schedules_says_why_then_fails_at_its_deadline_holding
     assert waiting["reason"] == "Unschedulable"
     assert "nodes are available" in waiting["message"], waiting
     failed = job_driver.wait_phase(namespace, "llm", "Failed", timeout=60)
-    assert condition(failed, "Failed")["reason"] == "DeadlineExceeded"
+    assert find(failed.get("conditions"), "Failed")["reason"] == "DeadlineExceeded"
     started = datetime.fromisoformat(failed["startTime"].replace("Z", "+00:00"))
     ended = datetime.fromisoformat(failed["completionTime"].replace("Z", "+00:00"))
     assert 15 <= (ended - started).total_seconds() <= 25
@@ -296,7 +295,7 @@ def test_a_job_suspended_past_its_deadline_resumes_and_runs(shared_operator, job
     # that status.startTime's whole seconds drop.
     failed = job_driver.wait_phase(namespace, "llm", "Failed", timeout=30)
     assert time.monotonic() - resumed >= 5 - 1
-    assert condition(failed, "Failed")["reason"] == "DeadlineExceeded"
+    assert find(failed.get("conditions"), "Failed")["reason"] == "DeadlineExceeded"
     job_driver.wait_for("no pods held", lambda: not job_driver.pods(namespace, "llm"))
 
 

@@ -7,17 +7,13 @@ KWOK runs pods on fake GPU nodes and fails or completes them on demand.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import pytest
 
 from tests.fixtures.operator import kwok_job_spec as spec
+from torchfleet_operator.status.conditions import find
 
 pytestmark = pytest.mark.cluster
-
-
-def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
-    return next(c for c in status.get("conditions", []) if c["type"] == type_)
 
 
 def test_create_runs_the_gang_and_a_second_pass_changes_nothing(
@@ -86,7 +82,7 @@ def test_worker_exit_137_restarts_the_gang_exit_1_fails_the_job(
 
     job_driver.fail_pod(namespace, "llm-worker-0", exit_code=1)
     failed = job_driver.wait_phase(namespace, "llm", "Failed")
-    message = condition(failed, "Failed")["message"]
+    message = find(failed.get("conditions"), "Failed")["message"]
     assert "llm-worker-0" in message and "exit code 1" in message
     assert failed["restartCount"] == 1
 
@@ -98,7 +94,7 @@ def test_backoff_limit_exhausted_fails_with_reason(shared_operator, job_driver, 
     job_driver.wait_running_pods(namespace, "llm", 2, restart=1)
     job_driver.fail_pod(namespace, "llm-worker-0", exit_code=137)
     failed = job_driver.wait_phase(namespace, "llm", "Failed")
-    reason = condition(failed, "Failed")
+    reason = find(failed.get("conditions"), "Failed")
     assert reason["reason"] == "BackoffLimitExceeded"
     assert "llm-worker-0" in reason["message"] and "137" in reason["message"]
     # BackoffLimitExceeded deletes every pod, whatever cleanPodPolicy (Running) says.
@@ -148,7 +144,7 @@ def test_suspend_removes_pods_and_resume_runs_again(shared_operator, job_driver,
     job_driver.patch(namespace, "llm", {"spec": {"suspend": False}})
     job_driver.wait_running_pods(namespace, "llm", 3)
     resumed = job_driver.wait_phase(namespace, "llm", "Running")
-    assert condition(resumed, "Suspended")["status"] == "False"
+    assert find(resumed.get("conditions"), "Suspended")["status"] == "False"
 
 
 def test_active_deadline_fails_the_job(shared_operator, job_driver, namespace):
@@ -162,7 +158,7 @@ def test_active_deadline_fails_the_job(shared_operator, job_driver, namespace):
     # the deadline (by the wait above, not long after), never before it but for
     # the second that status.startTime's whole seconds drop, as a Job's do.
     assert time.monotonic() - submitted >= deadline - 1
-    assert condition(failed, "Failed")["reason"] == "DeadlineExceeded"
+    assert find(failed.get("conditions"), "Failed")["reason"] == "DeadlineExceeded"
     job_driver.wait_for("running pods cleaned", lambda: not job_driver.live_pods(namespace, "llm"))
 
 

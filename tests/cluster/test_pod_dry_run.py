@@ -12,6 +12,7 @@ import pytest
 
 from tests.fixtures.operator import ON_FAKE_NODES
 from tests.fixtures.operator import kwok_job_spec as spec
+from torchfleet_operator.status.conditions import find
 
 pytestmark = pytest.mark.cluster
 
@@ -33,8 +34,7 @@ def test_an_invalid_worker_template_creates_no_pod_and_fails_the_job_saying_why(
 
     def failed() -> dict | None:
         status = job_driver.status(namespace, "bad-mount")
-        conditions = status.get("conditions", [])
-        found = next((c for c in conditions if c["type"] == "Failed"), None)
+        found = find(status.get("conditions"), "Failed")
         return found if status.get("phase") == "Failed" else None
 
     # Permanent (422): failed once, not retried for ever like a quota refusal.
@@ -59,7 +59,7 @@ def test_an_invalid_template_of_both_roles_is_refused_at_the_master_and_creates_
 
     def failed() -> dict | None:
         status = job_driver.status(namespace, "bad-both")
-        found = next((c for c in status.get("conditions", []) if c["type"] == "Failed"), None)
+        found = find(status.get("conditions"), "Failed")
         return found if status.get("phase") == "Failed" else None
 
     condition = job_driver.wait_for("the job Failed as an invalid spec", failed)

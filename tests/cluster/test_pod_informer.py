@@ -6,12 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from tests.fixtures.poll import async_wait_for
 from torchfleet_operator import informer as informer_module
 from torchfleet_operator import metrics
 from torchfleet_operator.build.labels import (
@@ -45,14 +44,6 @@ def job_pod(name: str, job: str, rank: int) -> dict[str, Any]:
     }
 
 
-async def until(what: str, check: Callable[[], bool], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not seen in {timeout:.0f}s")
-        await asyncio.sleep(0.05)
-
-
 def names(informer: PodInformer, key: tuple[str, str]) -> set[str]:
     return {p.name for p in informer.index.get(key) or ()}
 
@@ -84,8 +75,10 @@ def test_paged_list_then_watch_keep_the_index_and_wake_each_job(cluster, namespa
             assert names(informer, (namespace, "llm")) == {f"llm-{r}" for r in range(5)}
             raw.request("POST", pods, job_pod("other-0", "other", 0))
             raw.request("DELETE", f"{pods}/llm-4", query={"gracePeriodSeconds": 0})
-            await until("the new job's pod", lambda: (namespace, "other") in informer.index)
-            await until(
+            await async_wait_for(
+                "the new job's pod", lambda: (namespace, "other") in informer.index
+            )
+            await async_wait_for(
                 "the deleted pod gone", lambda: "llm-4" not in names(informer, (namespace, "llm"))
             )
         finally:
@@ -113,14 +106,18 @@ def test_a_watch_from_a_version_the_apiserver_no_longer_keeps_relists(cluster, n
         informer._loop = asyncio.get_running_loop()
         ((_, in_scope),) = informer_module.scopes([namespace])
         await asyncio.to_thread(informer._list, pods, in_scope)
-        await until("the listed pods", lambda: len(names(informer, (namespace, "llm"))) == 2)
+        await async_wait_for(
+            "the listed pods", lambda: len(names(informer, (namespace, "llm"))) == 2
+        )
         raw.request("DELETE", f"{pods}/llm-1", query={"gracePeriodSeconds": 0})
         before = expired._value.get()
         # Version 1 predates the apiserver's watch cache: it answers 410.
         assert await asyncio.to_thread(informer._watch, pods, "1", in_scope) is None
         assert expired._value.get() == before + 1
         await asyncio.to_thread(informer._list, pods, in_scope)
-        await until("the relisted index", lambda: names(informer, (namespace, "llm")) == {"llm-0"})
+        await async_wait_for(
+            "the relisted index", lambda: names(informer, (namespace, "llm")) == {"llm-0"}
+        )
         informer.stop()
 
     asyncio.run(scenario())

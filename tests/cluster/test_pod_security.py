@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from tests.fixtures.operator import kwok_job_spec as spec
+from torchfleet_operator.status.conditions import find
 
 pytestmark = pytest.mark.cluster
 
@@ -21,11 +22,8 @@ def enforce(cluster: Any, namespace: str, level: str) -> None:
 
 
 def rejection(job_driver: Any, namespace: str, name: str) -> dict[str, Any] | None:
-    conditions = job_driver.status(namespace, name).get("conditions", [])
-    return next(
-        (c for c in conditions if c["type"] == "ChildrenRejected" and c["status"] == "True"),
-        None,
-    )
+    found = find(job_driver.status(namespace, name).get("conditions"), "ChildrenRejected")
+    return found if found is not None and found["status"] == "True" else None
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,7 @@ from tests.fixtures.operator import kwok_job_spec as spec
 from torchfleet_operator.config import OperatorConfig
 from torchfleet_operator.controller import Controller
 from torchfleet_operator.kube import Executor
-from torchfleet_operator.reconcile import Plan
+from torchfleet_operator.planning import Plan
 from torchfleet_trainer import contract
 
 pytestmark = pytest.mark.cluster

@@ -65,6 +65,12 @@ WORLD_SIZE = "WORLD_SIZE"
 LOCAL_RANK = "LOCAL_RANK"
 LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 
+# The prefixes of the variables above: a pod template may not set one of its
+# own under them (the operator owns that namespace of names).
+TORCHRUN_ENV_PREFIX = "PET_"
+TORCHFLEET_ENV_PREFIX = "TORCHFLEET_"
+RESERVED_ENV_PREFIXES = (TORCHRUN_ENV_PREFIX, TORCHFLEET_ENV_PREFIX)
+
 # torchfleet's own.
 JOB_NAME = "TORCHFLEET_JOB_NAME"
 NAMESPACE = "TORCHFLEET_NAMESPACE"
@@ -109,6 +115,8 @@ METRIC_TOKENS_PER_SECOND = "torchfleet_train_tokens_per_second"
 METRIC_STEP_SECONDS = "torchfleet_train_step_seconds"  # a histogram: its _sum and _count
 METRIC_CHECKPOINT_STEP = "torchfleet_checkpoint_step"
 METRIC_MFU = "torchfleet_train_mfu_ratio"  # 0-1
+# A histogram of each checkpoint save's seconds: its _sum and _count.
+METRIC_CHECKPOINT_SAVE_SECONDS = "torchfleet_checkpoint_save_seconds"
 
 
 class ContractError(ValueError):

@@ -7,7 +7,6 @@ from torchfleet_operator.api.constants import (
     GROUP,
     KIND,
     PLURAL,
-    REASON_INVALID_SPEC,
     SHORT_NAMES,
     VERSION,
 )
@@ -17,6 +16,7 @@ from torchfleet_operator.api.parse import (
     parse_training_job,
     to_manifest,
 )
+from torchfleet_operator.api.reasons import REASON_INVALID_SPEC
 from torchfleet_operator.api.v1alpha1 import (
     CheckpointSpec,
     CheckpointStatus,

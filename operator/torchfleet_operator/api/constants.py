@@ -50,13 +50,4 @@ PHASES: Final = (
     PHASE_FAILED,
 )
 
-# status.conditions types (Kubernetes style: one condition per type).
-CONDITION_CREATED: Final = "Created"
-CONDITION_RUNNING: Final = "Running"
-CONDITION_RESTARTING: Final = "Restarting"
-CONDITION_SUSPENDED: Final = "Suspended"
-CONDITION_SUCCEEDED: Final = "Succeeded"
-CONDITION_FAILED: Final = "Failed"
-
-# Condition reason for a spec the operator rejects before creating any pod.
-REASON_INVALID_SPEC: Final = "InvalidSpec"
+# Condition types and reasons: api/reasons.py.

@@ -22,10 +22,9 @@ Each rule is CEL over the spec (``self``) plus the same check in Python.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.api.base import Rule
+from torchfleet_operator.api.shape import SpecShape
 from torchfleet_operator.api.trainer_rules import or_default
 from torchfleet_operator.api.world import (
     BATCH,
@@ -38,9 +37,6 @@ from torchfleet_operator.api.world import (
     TRAINING,
 )
 from torchfleet_trainer.config import ConfigError, TrainingConfig
-
-if TYPE_CHECKING:
-    from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
 
 # On an elastic pod no per-pod or per-process rank exists: each rendezvous round
 # numbers the nodes that joined it, so a command cannot name these.
@@ -67,28 +63,28 @@ _EVERY_SIZE_SPLITS = (
 _MICROBATCHES_SPLIT = f"({PIPELINE} == 1 || {_MICRO} % {MICROBATCHES} == 0)"
 
 
-def _resizes(spec: TrainingJobSpec) -> bool:
+def _resizes(spec: SpecShape) -> bool:
     """True for an elastic job that may run at more than one size."""
     return spec.elastic is not None and spec.elastic.min_nodes < spec.elastic.max_nodes
 
 
-def _size_within_bounds(spec: TrainingJobSpec) -> bool:
+def _size_within_bounds(spec: SpecShape) -> bool:
     elastic = spec.elastic
     return elastic is None or elastic.min_nodes <= spec.nodes <= elastic.max_nodes
 
 
-def _no_rank_in_command(spec: TrainingJobSpec) -> bool:
+def _no_rank_in_command(spec: SpecShape) -> bool:
     words = [*(spec.command or ()), *(spec.args or ())]
     return spec.elastic is None or not any(v in word for word in words for v in RANK_VARIABLES)
 
 
-def _shard_follows_nodes(spec: TrainingJobSpec) -> bool:
+def _shard_follows_nodes(spec: SpecShape) -> bool:
     if not _resizes(spec) or spec.trainer is None:
         return True
     return spec.trainer.parallel.data_parallel_shard == -1
 
 
-def _fixed_degrees_fit_a_node(spec: TrainingJobSpec) -> bool:
+def _fixed_degrees_fit_a_node(spec: SpecShape) -> bool:
     if not _resizes(spec) or spec.trainer is None:
         return True
     parallel = spec.trainer.parallel
@@ -96,11 +92,11 @@ def _fixed_degrees_fit_a_node(spec: TrainingJobSpec) -> bool:
     return spec.resolved_processes_per_node % fixed == 0
 
 
-def _batch_splits_at_every_size(spec: TrainingJobSpec) -> bool:
+def _batch_splits_at_every_size(spec: SpecShape) -> bool:
     return _batch_problem(spec) is None
 
 
-def _batch_problem(spec: TrainingJobSpec) -> str | None:
+def _batch_problem(spec: SpecShape) -> str | None:
     """The trainer's own refusal of this elastic layout's batch, or None."""
     if not (_shard_follows_nodes(spec) and _fixed_degrees_fit_a_node(spec)):
         return None  # reported by those rules

@@ -87,10 +87,9 @@ RESERVED_ENV_NAMES = (
     contract.WORLD_SIZE,
     contract.LOCAL_RANK,
 )
-RESERVED_ENV_PREFIXES = ("PET_", "TORCHFLEET_")
 RESERVED_ENV_MESSAGE = (
     "env may not set the pod contract's variables ("
-    + ", ".join(f"{p}*" for p in RESERVED_ENV_PREFIXES)
+    + ", ".join(f"{p}*" for p in contract.RESERVED_ENV_PREFIXES)
     + ", "
     + ", ".join(RESERVED_ENV_NAMES)
     + "): the operator sets them"
@@ -98,12 +97,12 @@ RESERVED_ENV_MESSAGE = (
 
 
 def is_reserved_env_name(name: str) -> bool:
-    return name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES)
+    return name in RESERVED_ENV_NAMES or name.startswith(contract.RESERVED_ENV_PREFIXES)
 
 
 def _reserved_env_rule() -> dict[str, str]:
     names = ", ".join(f"'{name}'" for name in RESERVED_ENV_NAMES)
-    prefixes = " || ".join(f"self.name.startsWith('{p}')" for p in RESERVED_ENV_PREFIXES)
+    prefixes = " || ".join(f"self.name.startsWith('{p}')" for p in contract.RESERVED_ENV_PREFIXES)
     # in / startsWith cost a constant per item, whatever the list and string sizes.
     return {
         "rule": f"!(self.name in [{names}] || {prefixes})",

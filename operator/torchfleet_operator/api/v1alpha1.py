@@ -39,6 +39,7 @@ from torchfleet_operator.api.base import (
     unique_list,
 )
 from torchfleet_operator.api.elastic import elastic_rules
+from torchfleet_operator.api.shape import SpecShape
 from torchfleet_operator.api.world import world_size_rules
 from torchfleet_trainer.config import TrainConfig
 
@@ -909,6 +910,11 @@ class TrainingJobSpec(ApiModel):
     def runs_trainer(self) -> bool:
         """True when the pods run torchfleet-train (no command of the user's own)."""
         return self.command is None
+
+
+def _has_the_rules_shape(spec: TrainingJobSpec) -> SpecShape:
+    """Never called: mypy checks here that the model is what its rules read."""
+    return spec
 
 
 # ---- status -------------------------------------------------------------------------------

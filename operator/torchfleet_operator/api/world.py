@@ -12,13 +12,10 @@ check in Python, built on the trainer's own ``ParallelConfig.resolve`` and
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from torchfleet_operator.api.base import Rule
+from torchfleet_operator.api.shape import SpecShape
 from torchfleet_operator.api.trainer_rules import or_default
-
-if TYPE_CHECKING:
-    from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
 from torchfleet_trainer.config import (
     ConfigError,
     DataConfig,
@@ -72,7 +69,7 @@ def _when_degrees_fit(cel: str) -> str:
 TrainerCheck = Callable[[TrainConfig, ResolvedDegrees], bool]
 
 
-def _degrees_fit(spec: TrainingJobSpec) -> bool:
+def _degrees_fit(spec: SpecShape) -> bool:
     if spec.trainer is None:
         return True
     try:
@@ -82,7 +79,7 @@ def _degrees_fit(spec: TrainingJobSpec) -> bool:
     return True
 
 
-def _degrees_message(spec: TrainingJobSpec) -> str:
+def _degrees_message(spec: SpecShape) -> str:
     assert spec.trainer is not None
     parallel = spec.trainer.parallel
     fixed = parallel.data_parallel_replicate * parallel.tensor * parallel.pipeline
@@ -94,11 +91,11 @@ def _degrees_message(spec: TrainingJobSpec) -> str:
     )
 
 
-def _once_degrees_fit(check: TrainerCheck) -> Callable[[TrainingJobSpec], bool]:
+def _once_degrees_fit(check: TrainerCheck) -> Callable[[SpecShape], bool]:
     """A check of the trainer config against resolved degrees, as a spec check
     that passes when there is no trainer or the degrees do not fit."""
 
-    def spec_check(spec: TrainingJobSpec) -> bool:
+    def spec_check(spec: SpecShape) -> bool:
         if spec.trainer is None:
             return True
         try:

@@ -16,6 +16,7 @@ from typing import Any
 from torchfleet_operator.api.constants import TRAINER_CONTAINER_NAME
 from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
 from torchfleet_operator.build import labels, names
+from torchfleet_operator.build.resources import container_resources
 
 COSCHEDULING_API = "scheduling.x-k8s.io/v1alpha1"
 VOLCANO_API = "scheduling.volcano.sh/v1beta1"
@@ -97,9 +98,6 @@ def _pod_requests(spec: TrainingJobSpec, master: bool) -> dict[str, Fraction]:
     containers (the trainer's resources, a template's own winning, plus
     sidecars), at least the largest init container; a limit without a request
     requests the limit."""
-    # Imported here: build.pods imports this module (pod membership).
-    from torchfleet_operator.build.pods import container_resources
-
     template = spec.master.template if master else spec.worker.template
     pod_spec = (template.spec if template else None) or {}
     containers = list(pod_spec.get("containers") or [])

@@ -18,6 +18,7 @@ from torchfleet_operator.api.v1alpha1 import PodTemplate, TrainingJobSpec
 from torchfleet_operator.build import env as pod_env
 from torchfleet_operator.build import hostfile, labels, names, podgroup, security
 from torchfleet_operator.build.names import pod_name_for_rank
+from torchfleet_operator.build.resources import container_resources
 from torchfleet_trainer import contract
 
 SHM_VOLUME = "dshm"
@@ -35,22 +36,6 @@ def role_of(node_rank: int) -> str:
 
 def template_for(spec: TrainingJobSpec, node_rank: int) -> PodTemplate | None:
     return spec.master.template if node_rank == 0 else spec.worker.template
-
-
-def container_resources(spec: TrainingJobSpec) -> dict[str, Any]:
-    """GPUs and RDMA as requests = limits (extended resources cannot overcommit)."""
-    limits: dict[str, str] = {}
-    requests: dict[str, str] = {}
-    if spec.resources.gpus:
-        limits[spec.resources.gpu_resource_name] = str(spec.resources.gpus)
-    for name, count in (spec.network.rdma_resources or {}).items():
-        limits[name] = str(count)
-    if spec.resources.cpu is not None:
-        requests["cpu"] = limits["cpu"] = str(spec.resources.cpu)
-    if spec.resources.memory is not None:
-        requests["memory"] = limits["memory"] = str(spec.resources.memory)
-    requests.update({k: v for k, v in limits.items() if k not in requests})
-    return {"limits": limits, "requests": requests} if limits else {}
 
 
 def _trainer_container(
@@ -268,7 +253,7 @@ def build_pod(
 
     group_labels, group_annotations = podgroup.pod_membership(job, spec)
     # No kueue.x-k8s.io/queue-name on the pods: Kueue admits the job as one
-    # Workload (policy/admission.py); with Kueue's pod integration a labelled
+    # Workload (policy/kueue.py); with Kueue's pod integration a labelled
     # pod would be queued on its own, splitting the gang.
     pod_labels = dict(template_meta.labels or {}) if template_meta else {}
     pod_labels.update(group_labels)

@@ -55,7 +55,6 @@ def trainer_security_context(spec: TrainingJobSpec, runs_default_image: bool) ->
 
 # The API server's refusal: `pods "x" is forbidden: violates PodSecurity "baseline:latest": ...`
 _REFUSAL = re.compile(r'violates PodSecurity "([a-z]+)(?::[^"]*)?"')
-POD_SECURITY_REASON = "PodSecurityRejected"
 
 
 def describe_refusal(message: str) -> str | None:

@@ -1,2 +1,9 @@
-"""Lifecycle policies, one file each: failure/restart, success, deadline, TTL,
-suspend, clean-pod. Pure: plain values in, decisions out."""
+"""Lifecycle policies, one file each; each owns its whole decision (it classifies
+and applies: the status it sets, the children it deletes, the events it posts).
+
+failure (restart or fail, back-off, lost nodes), elastic (replace alone,
+resize), kueue (gate, place, evict, release) over admission (Kueue's objects),
+gang (create what is missing, phase), success, deadline, suspend, finish
+(clean pods) with clean_pod and ttl, invalid (specs that do not parse),
+reporting (counts and progress). Pure: a planning.Pass in, decisions into it.
+"""

@@ -27,22 +27,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchfleet_operator.api import reasons as r
 from torchfleet_operator.api.constants import KUEUE_QUEUE_LABEL
 from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
+from torchfleet_operator.observed import Flavor, ObservedWorkload
 
-# Workload condition types (kueue.x-k8s.io/v1beta1).
-QUOTA_RESERVED = "QuotaReserved"
-ADMITTED = "Admitted"
-EVICTED = "Evicted"
-FINISHED = "Finished"
-REQUEUED = "Requeued"
 # The field manager Kueue writes admission with; a server-side apply under it
 # without status.admission removes the admission (as jobframework does).
 ADMISSION_FIELD_MANAGER = "kueue-admission"
 FINISHED_FIELD_MANAGER = "torchfleet-operator-Finished"
-# Reasons torchfleet sets on the job's mirrored conditions when Kueue gave none.
-REASON_KUEUE_MISSING = "KueueNotInstalled"
-REASON_WORKLOAD_PENDING = "WorkloadCreated"
 
 
 def kueue_queue(spec: TrainingJobSpec, job_labels: dict[str, str] | None) -> str | None:
@@ -56,28 +49,6 @@ def kueue_queue(spec: TrainingJobSpec, job_labels: dict[str, str] | None) -> str
 
 
 @dataclass(frozen=True)
-class Flavor:
-    """What a ResourceFlavor puts on the pods it admits."""
-
-    node_labels: dict[str, str] = field(default_factory=dict)
-    tolerations: tuple[dict[str, Any], ...] = ()
-
-    @classmethod
-    def from_manifest(cls, flavor: dict[str, Any]) -> Flavor:
-        spec = flavor.get("spec") or {}
-        labels = spec.get("nodeLabels") or {}
-        tolerations = spec.get("tolerations") or []
-        return cls(
-            node_labels={str(k): str(v) for k, v in labels.items()}
-            if isinstance(labels, dict)
-            else {},
-            tolerations=tuple(t for t in tolerations if isinstance(t, dict))
-            if isinstance(tolerations, list)
-            else (),
-        )
-
-
-@dataclass(frozen=True)
 class PodSetInfo:
     """What admission adds to the pods of one PodSet (Kueue's podset.PodSetInfo)."""
 
@@ -85,69 +56,6 @@ class PodSetInfo:
     tolerations: tuple[dict[str, Any], ...] = ()
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ObservedWorkload:
-    """The job's Workload as the planner needs it (the whole manifest is kept:
-    clearing a reservation re-applies its admission-managed conditions)."""
-
-    manifest: dict[str, Any]
-
-    @property
-    def name(self) -> str:
-        return str(self.metadata.get("name") or "")
-
-    @property
-    def metadata(self) -> dict[str, Any]:
-        return dict(self.manifest.get("metadata") or {})
-
-    @property
-    def status(self) -> dict[str, Any]:
-        return dict(self.manifest.get("status") or {})
-
-    @property
-    def spec(self) -> dict[str, Any]:
-        return dict(self.manifest.get("spec") or {})
-
-    @property
-    def deleting(self) -> bool:
-        return bool(self.metadata.get("deletionTimestamp"))
-
-    def condition(self, type_: str) -> dict[str, Any] | None:
-        return next(
-            (c for c in self.status.get("conditions") or () if c.get("type") == type_), None
-        )
-
-    def is_true(self, type_: str) -> bool:
-        found = self.condition(type_)
-        return found is not None and found.get("status") == "True"
-
-    @property
-    def has_reservation(self) -> bool:
-        return self.status.get("admission") is not None and self.is_true(QUOTA_RESERVED)
-
-    @property
-    def admitted(self) -> bool:
-        return self.has_reservation and self.is_true(ADMITTED)
-
-    @property
-    def evicted(self) -> bool:
-        return self.is_true(EVICTED)
-
-    @property
-    def finished(self) -> bool:
-        return self.is_true(FINISHED)
-
-
-@dataclass(frozen=True)
-class KueueView:
-    """Everything about Kueue one pass needs (observed.Observed.kueue)."""
-
-    installed: bool = True  # Kueue's Workload CRD is served
-    workload: ObservedWorkload | None = None
-    flavors: dict[str, Flavor] = field(default_factory=dict)  # ResourceFlavors by name
-    priority: int | None = None  # value of the job's PriorityClass, when known
 
 
 def pod_set_infos(workload: ObservedWorkload, flavors: dict[str, Flavor]) -> dict[str, PodSetInfo]:
@@ -238,10 +146,13 @@ def mirrored_conditions(workload: ObservedWorkload | None) -> list[tuple[str, bo
     """(type, status, reason, message) of the job's QuotaReserved and Admitted,
     copied from the Workload, so ``kubectl describe tj`` says what Kueue says."""
     found = []
-    for type_ in (QUOTA_RESERVED, ADMITTED):
+    for type_ in (r.WORKLOAD_QUOTA_RESERVED, r.WORKLOAD_ADMITTED):
         cond = workload.condition(type_) if workload else None
         if cond is None:
-            reason, message = REASON_WORKLOAD_PENDING, "waiting for Kueue to consider the Workload"
+            reason, message = (
+                r.REASON_WORKLOAD_PENDING,
+                "waiting for Kueue to consider the Workload",
+            )
             if workload is None:
                 message = "the Workload is being created"
             found.append((type_, False, reason, message))
@@ -299,30 +210,40 @@ def clear_reservation(workload: ObservedWorkload, now: str) -> dict[str, Any]:
     (Pending), Admitted False (NoReservation), Requeued True after a
     preemption, as jobframework's eviction step does. resourceVersion makes it
     fail rather than undo a newer change of Kueue's."""
-    evicted = workload.condition(EVICTED) or {}
+    evicted = workload.condition(r.WORKLOAD_EVICTED) or {}
     message = str(evicted.get("message") or "the Workload was evicted")
     generation = workload.metadata.get("generation")
     managed = (
-        "QuotaReserved",
-        "Evicted",
-        "Admitted",
-        "Preempted",
-        "Requeued",
-        "DeactivationTarget",
+        r.WORKLOAD_QUOTA_RESERVED,
+        r.WORKLOAD_EVICTED,
+        r.WORKLOAD_ADMITTED,
+        r.WORKLOAD_PREEMPTED,
+        r.WORKLOAD_REQUEUED,
+        r.WORKLOAD_DEACTIVATION_TARGET,
     )
     conditions = {
         c["type"]: c for c in workload.status.get("conditions") or () if c.get("type") in managed
     }
-    conditions[QUOTA_RESERVED] = _condition(
-        QUOTA_RESERVED, False, "Pending", message, now, generation
+    conditions[r.WORKLOAD_QUOTA_RESERVED] = _condition(
+        r.WORKLOAD_QUOTA_RESERVED, False, r.WORKLOAD_REASON_PENDING, message, now, generation
     )
-    if ADMITTED in conditions or workload.is_true(ADMITTED):
-        conditions[ADMITTED] = _condition(
-            ADMITTED, False, "NoReservation", "The workload has no reservation", now, generation
+    if r.WORKLOAD_ADMITTED in conditions or workload.is_true(r.WORKLOAD_ADMITTED):
+        conditions[r.WORKLOAD_ADMITTED] = _condition(
+            r.WORKLOAD_ADMITTED,
+            False,
+            r.WORKLOAD_REASON_NO_RESERVATION,
+            "The workload has no reservation",
+            now,
+            generation,
         )
-    requeued = evicted.get("reason") == "Preempted"
-    conditions[REQUEUED] = _condition(
-        REQUEUED, requeued, str(evicted.get("reason") or "Evicted"), message, now, generation
+    requeued = evicted.get("reason") == r.WORKLOAD_PREEMPTED
+    conditions[r.WORKLOAD_REQUEUED] = _condition(
+        r.WORKLOAD_REQUEUED,
+        requeued,
+        str(evicted.get("reason") or r.WORKLOAD_EVICTED),
+        message,
+        now,
+        generation,
     )
     for type_, cond in conditions.items():  # unchanged ones keep their transition time
         old = workload.condition(type_)
@@ -344,7 +265,9 @@ def mark_finished(
 ) -> dict[str, Any]:
     """Server-side apply body that sets the Workload's Finished condition (quota released)."""
     body = _apply_base(workload)
-    reason = "Succeeded" if succeeded else "Failed"
+    reason = r.REASON_SUCCEEDED if succeeded else r.REASON_FAILED
     generation = workload.metadata.get("generation")
-    body["status"] = {"conditions": [_condition(FINISHED, True, reason, message, now, generation)]}
+    body["status"] = {
+        "conditions": [_condition(r.WORKLOAD_FINISHED, True, reason, message, now, generation)]
+    }
     return body

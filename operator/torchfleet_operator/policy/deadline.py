@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from torchfleet_operator.api import constants as c
+from torchfleet_operator.api import reasons as r
+from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
+from torchfleet_operator.observed import parse_time
+from torchfleet_operator.planning import Pass
+
 
 def seconds_left(
     start: datetime | None, deadline_seconds: int | None, now: datetime
@@ -12,3 +18,27 @@ def seconds_left(
     if deadline_seconds is None or start is None:
         return None
     return deadline_seconds - (now - start).total_seconds()
+
+
+def start_clock(step: Pass) -> None:
+    """startTime: the first unsuspended pass, and again at each resume (as the Job
+    controller and PyTorchJob do), so activeDeadlineSeconds counts time allowed
+    to run, including time spent unscheduled, but not time spent suspended."""
+    if not step.status.get("startTime") or step.old_status.get("phase") == c.PHASE_SUSPENDED:
+        step.status["startTime"] = step.stamp
+
+
+def exceeded(step: Pass, spec: TrainingJobSpec) -> bool:
+    """Fails the job once it ran past activeDeadlineSeconds (True), else wakes
+    the pass when it will have."""
+    limit = spec.run_policy.active_deadline_seconds
+    left = seconds_left(parse_time(step.status.get("startTime")), limit, step.now)
+    if left is not None and left <= 0:
+        step.finish(
+            c.PHASE_FAILED,
+            r.REASON_DEADLINE_EXCEEDED,
+            f"the job ran longer than activeDeadlineSeconds ({limit}s)",
+        )
+        return True
+    step.plan.wake_in(left)
+    return False

@@ -1,4 +1,5 @@
-"""An elastic job's failures: which pods are replaced alone, and when it runs. Pure.
+"""The elastic policy: which lost pods are replaced alone, resizes, and when
+an elastic job runs. Pure.
 
 In an elastic job (spec.elastic) every node's torchrun agent joins the c10d
 rendezvous that the master's agent serves. A worker that fails or is taken
@@ -17,13 +18,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
+from torchfleet_operator.api import constants as c
+from torchfleet_operator.api import reasons as r
 from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
+from torchfleet_operator.build import names
 from torchfleet_operator.observed import ObservedPod
+from torchfleet_operator.planning import Pass
 from torchfleet_operator.policy.failure import Failure
-
-# Failed reason when the counted replacements pass elastic.maxRestarts.
-REASON_RESTARTS_EXCEEDED = "ElasticRestartsExceeded"
+from torchfleet_operator.status.counts import running
 
 
 @dataclass(frozen=True)
@@ -91,3 +95,93 @@ def runs(running: Iterable[ObservedPod], master: str, min_nodes: int) -> bool:
     """An elastic job trains while its master and at least minNodes pods run."""
     names = {pod.name for pod in running}
     return master in names and len(names) >= min_nodes
+
+
+def replaced_alone(spec: TrainingJobSpec, pod: ObservedPod) -> bool:
+    return spec.elastic is not None and pod.role == names.WORKER_ROLE
+
+
+def replace_lost_workers(
+    step: Pass, spec: TrainingJobSpec, gang: list[ObservedPod], failures: list[Failure]
+) -> list[Failure]:
+    """Deletes (to recreate) the workers lost this pass, counted in status.elastic;
+    returns the failures left for the gang (the master's, or not retryable). Past
+    elastic.maxRestarts counted replacements the job fails."""
+    assert spec.elastic is not None
+    shown = step.status.get("elastic")
+    shown = shown if isinstance(shown, dict) else {}
+    decided = replace_workers(
+        failures,
+        names.master_pod_name(step.name),
+        gang,
+        still_replacing(_str_map(shown.get("replacing")), gang),
+        _count_of(shown.get("replacements")),
+        _count_of(shown.get("countedReplacements")),
+    )
+    step.status["elastic"] = _elastic_status(spec, gang, decided)
+    limit = spec.elastic.max_restarts
+    counted = [f for f in decided.new if not f.disruption]
+    if decided.counted > limit and counted:
+        before = decided.counted - len(counted)
+        step.finish(
+            c.PHASE_FAILED,
+            r.REASON_ELASTIC_RESTARTS_EXCEEDED,
+            f"{counted[0].describe()}; elastic.maxRestarts {limit} reached "
+            f"({before} worker replacements counted before)",
+        )
+        return []
+    for failure in decided.new:
+        step.event("Warning", r.EVENT_WORKER_REPLACED, f"replacing it alone: {failure.describe()}")
+        step.plan.worker_replacements.append(failure.reason)
+    step.delete_pods([p for p in gang if p.name in {f.pod for f in decided.new}])
+    return decided.gang
+
+
+def _elastic_status(
+    spec: TrainingJobSpec, gang: list[ObservedPod], decided: Replacements
+) -> dict[str, Any]:
+    status: dict[str, Any] = {
+        "currentNodes": len(running(gang)),
+        "desiredNodes": spec.nodes,
+        "replacements": decided.replacements,
+        "countedReplacements": decided.counted,
+    }
+    if decided.replacing:
+        status["replacing"] = decided.replacing
+    return status
+
+
+def _str_map(value: Any) -> dict[str, str]:
+    """A status map read without trusting it: only string keys and values."""
+    if not isinstance(value, dict):
+        return {}
+    return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def _count_of(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def resize(step: Pass, spec: TrainingJobSpec, surplus_pods: list[ObservedPod]) -> None:
+    """worker.replicas changed while an elastic job runs. Fewer: the workers past
+    the new size are deleted with their grace period (their trainers save, the
+    others' agents form a smaller world). More: the new ranks are created like
+    any missing pod and join at the next rendezvous round."""
+    expected = step.observed.expected_deleted
+    leaving = [p for p in surplus_pods if not p.deleting and p.uid not in expected]
+    step.delete_pods(leaving)
+    if leaving:
+        names_ = ", ".join(sorted(p.name for p in leaving))
+        step.event(
+            "Normal",
+            r.EVENT_SCALED_DOWN,
+            f"worker.replicas is {spec.worker.replicas}: deleting {names_}",
+        )
+    before = step.previous_size()
+    if spec.elastic is not None and before is not None and before < spec.nodes:
+        step.event(
+            "Normal",
+            r.EVENT_SCALED_UP,
+            f"worker.replicas is {spec.worker.replicas}: "
+            f"{spec.nodes - before} more pods join the running gang",
+        )

@@ -1,4 +1,5 @@
-"""Which failures restart the gang, which fail the job, and how long to wait.
+"""The failure policy: which failures restart the gang, which fail the job,
+how long to wait, and the restart itself. Pure.
 
 A pod taken away by the platform (evicted, preempted, its node lost, deleted
 under a running gang) is never the code's fault: always retryable, and a
@@ -25,9 +26,19 @@ that restarts the gang is decided at once, as waiting cannot make it worse.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
+
+from torchfleet_operator.api import constants as c
+from torchfleet_operator.api import reasons as r
+from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
+from torchfleet_operator.build.pods import pod_name_for_rank
+from torchfleet_operator.observed import ObservedPod, parse_time
+from torchfleet_operator.planning import ChildRef, Pass, Plan
+from torchfleet_operator.policy import finish
 
 # Exit codes from 128 up mean "killed by signal (code - 128)": 137 = SIGKILL
 # (often the OOM killer), 143 = SIGTERM (preemption, drain).
@@ -39,7 +50,7 @@ class Failure:
     """One reason the current gang cannot go on."""
 
     pod: str
-    reason: str  # PodFailed, Evicted, NodeLost, PodDeleted, ...
+    reason: str  # PodFailed, Evicted, NodeLost, PodDeleted, ... (api/reasons.py)
     exit_code: int | None
     retryable: bool
     message: str
@@ -102,3 +113,288 @@ def restart_backoff(restarts_so_far: int, base: float, cap: float) -> float:
         return 0.0
     # min() before the power keeps huge restart counts from overflowing.
     return min(cap, base * 2 ** min(restarts_so_far, 32))
+
+
+# ---- finding the failures of the current gang ----
+
+
+def failures(
+    step: Pass, spec: TrainingJobSpec, gang: list[ObservedPod], restart: int
+) -> list[Failure]:
+    """Every reason gang ``restart`` cannot go on; wakes the pass when a grace
+    (a NotReady node, a stuck image pull) runs out later."""
+    found: list[Failure] = []
+    for pod in gang:
+        if pod.phase == "Failed" or (pod.disrupted and not pod.finished):
+            found.append(pod_failure(pod, spec))
+        elif pod.stuck_reason and not pod.deleting:
+            _stuck_failure(step, pod, found)
+        elif pod.node_name in step.observed.nodes_not_ready and not pod.finished:
+            since = step.observed.nodes_not_ready[pod.node_name]
+            waited = (step.now - since).total_seconds() if since else math.inf
+            if waited >= step.config.node_lost_grace_seconds:
+                found.append(
+                    Failure(
+                        pod.name,
+                        r.REASON_NODE_LOST,
+                        None,
+                        True,
+                        f"node {pod.node_name} is NotReady",
+                        disruption=True,
+                    )
+                )
+            else:
+                step.plan.wake_in(step.config.node_lost_grace_seconds - waited)
+    if _gang_was_complete(step, restart):
+        found += _lost_pods(step, spec, gang)
+    return found
+
+
+def _lost_pods(step: Pass, spec: TrainingJobSpec, gang: list[ObservedPod]) -> list[Failure]:
+    found = []
+    for pod in gang:
+        # Deleted by someone else (a person, an eviction, the taint manager)
+        # while the gang ran: it is lost, even before it is gone.
+        if pod.deleting and not pod.finished and pod.uid not in step.observed.expected_deleted:
+            found.append(
+                Failure(
+                    pod.name,
+                    r.REASON_POD_DELETED,
+                    None,
+                    True,
+                    "the pod is being deleted while the gang was running",
+                    disruption=True,
+                )
+            )
+    present = {p.name for p in gang} | step.observed.expected_created
+    # Ranks an elastic job just grew by are new, not lost.
+    known = min(spec.nodes, step.previous_size() or spec.nodes)
+    for rank in range(known):
+        name = pod_name_for_rank(step.name, rank)
+        if name not in present:
+            found.append(
+                Failure(
+                    name,
+                    r.REASON_POD_DELETED,
+                    None,
+                    True,
+                    "the pod disappeared while the gang was running",
+                    disruption=True,
+                )
+            )
+    return found
+
+
+def _gang_was_complete(step: Pass, restart: int) -> bool:
+    """True once this generation was seen fully running: a missing pod now means lost."""
+    return (
+        step.old_status.get("phase") == c.PHASE_RUNNING
+        and int(step.old_status.get("restartCount") or 0) == restart
+    )
+
+
+def _stuck_failure(step: Pass, pod: ObservedPod, found: list[Failure]) -> None:
+    """A trainer that cannot start (image pull back-off) fails the gang past a bound."""
+    bound = step.config.image_pull_bound_seconds
+    since = pod.started_at or step.now
+    waited = (step.now - since).total_seconds()
+    if waited < bound:
+        step.plan.wake_in(bound - waited)
+        return
+    message = f"{pod.stuck_message or 'the trainer container cannot start'} (for {waited:.0f}s)"
+    reason = pod.stuck_reason or r.REASON_IMAGE_PULL_BACK_OFF
+    found.append(Failure(pod.name, reason, None, True, message))
+
+
+def pod_failure(pod: ObservedPod, spec: TrainingJobSpec) -> Failure:
+    """One failed (or taken) pod, classified (see the module docstring)."""
+    if pod.disrupted:
+        reason = pod.reason or r.REASON_DISRUPTION_TARGET
+        return Failure(
+            pod.name, reason, pod.exit_code, True, pod.message or "", True, pod.finished_at
+        )
+    if pod.never_started:
+        reason = pod.reason or r.REASON_NEVER_STARTED
+        message = pod.message or "no container of the pod ever started"
+        return Failure(pod.name, reason, None, True, message, finished_at=pod.finished_at)
+    policy = spec.run_policy
+    retryable = exit_is_retryable(
+        policy.restart_policy,
+        pod.exit_code,
+        policy.retryable_exit_codes or (),
+        policy.permanent_exit_codes or (),
+    )
+    return Failure(
+        pod.name,
+        r.REASON_POD_FAILED,
+        pod.exit_code,
+        retryable,
+        pod.message or "",
+        False,
+        pod.finished_at,
+    )
+
+
+# ---- deciding: fail the job, or restart the gang ----
+
+
+def on_failure(
+    step: Pass,
+    spec: TrainingJobSpec,
+    gang: list[ObservedPod],
+    restart: int,
+    found: list[Failure],
+) -> Plan:
+    """Fails the job (a permanent failure, a spent backoffLimit) or restarts the gang."""
+    policy = spec.run_policy
+    first = first_failure(found)
+    if not first.retryable:
+        left = settle_left(found, step.now, step.config.failure_settle_seconds)
+        if left > 0 and not all(p.finished for p in gang):
+            # Ending the job is final: first hear from the peers (the module
+            # docstring says why).
+            step.plan.wake_in(left)
+            return step.finalize()
+        step.finish(
+            c.PHASE_FAILED,
+            r.REASON_POD_FAILED_PERMANENTLY,
+            f"{first.describe()}; not retryable under restartPolicy {policy.restart_policy}",
+        )
+        return finish.finished(step, spec)
+    disruptions = int(step.status.get("disruptions") or 0)
+    counted = counted_restarts(step.status, restart)
+    if not first.disruption and counted >= policy.backoff_limit:
+        step.finish(
+            c.PHASE_FAILED,
+            r.REASON_BACKOFF_LIMIT_EXCEEDED,
+            f"{first.describe()}; backoffLimit {policy.backoff_limit} reached "
+            f"after {counted} counted restarts ({disruptions} disruptions not counted)",
+        )
+        return finish.finished(step, spec)
+    _restart(step, gang, restart, first, counted, disruptions, policy.backoff_limit)
+    return step.finalize()
+
+
+def _restart(
+    step: Pass,
+    gang: list[ObservedPod],
+    restart: int,
+    first: Failure,
+    counted: int,
+    disruptions: int,
+    backoff_limit: int,
+) -> None:
+    """Restarts the whole gang: bump the generation, delete every pod of this one."""
+    if first.disruption:
+        step.status["disruptions"] = disruptions + 1
+        step.plan.disruption = first.reason
+        counted_text = "a disruption, not counted toward backoffLimit"
+    else:
+        counted_text = f"{counted + 1} of backoffLimit {backoff_limit}"
+        counted += 1
+    step.status["countedRestarts"] = counted
+    step.status["restartCount"] = restart + 1
+    step.set_phase(c.PHASE_RESTARTING)
+    # A fresh transition time: the back-off of this restart counts from now.
+    step.status["conditions"] = [
+        x for x in step.status.get("conditions") or () if x.get("type") != r.CONDITION_RESTARTING
+    ]
+    step.set_condition(
+        r.CONDITION_RESTARTING,
+        True,
+        first.reason,
+        f"restart {restart + 1} ({counted_text}): {first.describe()}",
+    )
+    step.clear_condition(
+        r.CONDITION_RUNNING, first.reason, f"gang {restart} ended: {first.describe()}"
+    )
+    step.delete_pods(gang)
+    step.plan.gang_restart = first.reason
+    step.plan.wake_in(_backoff(step, restart))
+
+
+def counted_restarts(status: dict[str, Any], restart: int) -> int:
+    """Restarts that count toward backoffLimit (the program's own failures).
+
+    Stored once known; a status written before the field existed derives it:
+    every restart that was not a disruption. A Kueue eviction is a disruption
+    that restarts nothing, so the derivation is clamped at 0.
+    """
+    stored = status.get("countedRestarts")
+    if isinstance(stored, int) and not isinstance(stored, bool) and stored >= 0:
+        return stored
+    return max(0, restart - int(status.get("disruptions") or 0))
+
+
+def _backoff(step: Pass, restarts_before: int) -> float:
+    return restart_backoff(
+        restarts_before,
+        step.config.restart_backoff_seconds,
+        step.config.restart_backoff_max_seconds,
+    )
+
+
+def in_restart_backoff(step: Pass, restart: int) -> bool:
+    """While Restarting, gang ``restart`` starts only after the back-off."""
+    restarting = step.condition(r.CONDITION_RESTARTING)
+    if restart == 0 or not restarting or restarting.get("status") != "True":
+        return False
+    since = parse_time(restarting.get("lastTransitionTime"))
+    if since is None:
+        return False
+    left = _backoff(step, restart - 1) - (step.now - since).total_seconds()
+    if left > 0:
+        step.set_phase(c.PHASE_RESTARTING)
+        step.plan.wake_in(left)
+        return True
+    return False
+
+
+# ---- waiting for the old gang's pods to go ----
+
+
+def _lost_for(step: Pass, pod: ObservedPod) -> float | None:
+    """Seconds since ``pod``'s node was lost (inf: out of service); None: it is not."""
+    if pod.node_name not in step.observed.nodes_not_ready:
+        return None
+    since = step.observed.nodes_not_ready[pod.node_name]
+    return math.inf if since is None else (step.now - since).total_seconds()
+
+
+def force_delete_on_lost_nodes(step: Pass, terminating: list[ObservedPod]) -> list[ObservedPod]:
+    """Force-deletes terminating pods whose node has been lost past the grace (a
+    dead kubelet never confirms their deletion); returns those on lost nodes."""
+    grace = step.config.node_loss_force_delete_seconds
+    on_lost_nodes = []
+    for pod in terminating:
+        lost = _lost_for(step, pod)
+        if lost is None:
+            continue
+        on_lost_nodes.append(pod)
+        if lost >= grace:
+            step.plan.delete.append(ChildRef("Pod", pod.name, pod.uid, 0))
+        else:
+            step.plan.wake_in(grace - lost)
+    return on_lost_nodes
+
+
+def wait_for_terminating(step: Pass, restart: int, terminating: list[ObservedPod]) -> None:
+    """The new gang waits for ``terminating``: says so, and force-deletes those
+    on lost nodes past the grace."""
+    if step.phase != c.PHASE_RESTARTING:
+        step.set_phase(c.PHASE_RESTARTING if restart else c.PHASE_PENDING)
+    step.set_condition(
+        r.CONDITION_CREATED, False, r.REASON_WAITING, _why_waiting(step, terminating)
+    )
+
+
+def _why_waiting(step: Pass, terminating: list[ObservedPod]) -> str:
+    grace = step.config.node_loss_force_delete_seconds
+    on_lost_nodes = force_delete_on_lost_nodes(step, terminating)
+    if not on_lost_nodes:
+        return "waiting for the previous gang's pods to terminate"
+    names = ", ".join(f"{p.name} (node {p.node_name})" for p in on_lost_nodes[:5])
+    return (
+        f"waiting for the previous gang's pods to terminate; on lost nodes: {names}; "
+        f"force-deleted {grace:g}s after the node was lost"
+    )

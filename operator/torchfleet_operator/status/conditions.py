@@ -39,11 +39,14 @@ def set_condition(
     return sorted([*others, updated], key=lambda c: str(c.get("type")))
 
 
-def clear(conditions: Conditions | None, type_: str, reason: str, now: str) -> Conditions:
-    """Sets ``type_`` False if it is present; an absent condition stays absent."""
+def clear(
+    conditions: Conditions | None, type_: str, reason: str, message: str, now: str
+) -> Conditions:
+    """Sets ``type_`` False if it is True; an absent or False condition stays as it is.
+
+    ``reason`` and ``message`` say what is true now: a condition that flips
+    keeps nothing of what it said while it was True."""
     old = find(conditions, type_)
-    if old is None:
+    if old is None or old.get("status") == "False":
         return list(conditions or ())
-    if old.get("status") == "False":
-        return list(conditions or ())
-    return set_condition(conditions, type_, False, reason, old.get("message") or "", now)
+    return set_condition(conditions, type_, False, reason, message, now)

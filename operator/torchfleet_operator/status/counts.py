@@ -1,4 +1,4 @@
-"""Pod counts per role for status.replicaStatuses and status.nodesReady."""
+"""Pod counts: status.replicaStatuses, status.nodesReady and the running pods."""
 
 from __future__ import annotations
 
@@ -32,3 +32,9 @@ def replica_statuses(pods: Iterable[ObservedPod]) -> dict[str, Any]:
 def nodes_ready(pods: Iterable[ObservedPod], nodes: int) -> str:
     ready = sum(1 for pod in pods if pod.phase == "Running" and not pod.deleting)
     return f"{ready}/{nodes}"
+
+
+def running(gang: Iterable[ObservedPod]) -> list[ObservedPod]:
+    """The gang's pods that run (under AllWorkers a pod that already exited 0
+    still counts as part of a running gang)."""
+    return [p for p in gang if p.phase in ("Running", "Succeeded") and not p.deleting]

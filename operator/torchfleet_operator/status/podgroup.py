@@ -4,21 +4,17 @@ A gang scheduler (scheduler-plugins Coscheduling, Volcano) binds all pods of
 a gang or none. While it binds none, the job's status says so and why, in the
 scheduler's own words: Volcano's PodGroup ``Unschedulable`` condition, or the
 pods' ``PodScheduled`` message (what Coscheduling and Volcano write when they
-refuse a pod). Pure: the PodGroup comes in as an :class:`ObservedPodGroup`.
+refuse a pod). Pure: the PodGroup comes in as an ``observed.ObservedPodGroup``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from torchfleet_operator.api import reasons as r
+from torchfleet_operator.observed import ObservedPod, ObservedPodGroup
 from torchfleet_operator.status import conditions as cond
 
-if TYPE_CHECKING:
-    from torchfleet_operator.observed import ObservedPod
-
-CONDITION_GANG_SCHEDULED = "GangScheduled"
-KIND_OF_GROUP = {"scheduling.x-k8s.io": "Coscheduling", "scheduling.volcano.sh": "Volcano"}
 # scheduler-plugins' controller never leaves these once a gang ended (it stops
 # reconciling the group), so after a gang restart they describe the old pods.
 _STALE_COSCHEDULING_PHASES = ("Failed", "Finished")
@@ -31,51 +27,6 @@ _VOLCANO_PHASE_MEANING = {
     "Inqueue": "admitted from queue {queue}, waiting for nodes that hold the whole gang",
 }
 _MAX_MESSAGE = 1024
-
-
-@dataclass(frozen=True)
-class ObservedPodGroup:
-    """What the operator reads of its PodGroup."""
-
-    kind: str  # Coscheduling | Volcano
-    phase: str | None = None
-    queue: str | None = None
-    unschedulable: str | None = None  # Volcano's Unschedulable condition: "reason: message"
-    owner_uid: str | None = None
-
-    @classmethod
-    def from_manifest(cls, group: dict[str, Any]) -> ObservedPodGroup | None:
-        """None for anything that is not a PodGroup of a known scheduler."""
-        api_group = str(group.get("apiVersion") or "").split("/")[0]
-        kind = KIND_OF_GROUP.get(api_group)
-        if kind is None or group.get("kind") != "PodGroup":
-            return None
-        meta = group.get("metadata") or {}
-        status = group.get("status") or {}
-        return cls(
-            kind=kind,
-            phase=_text(status.get("phase")),
-            queue=_text((group.get("spec") or {}).get("queue")),
-            unschedulable=_unschedulable(status.get("conditions")),
-            owner_uid=next(
-                (r.get("uid") for r in meta.get("ownerReferences") or () if r.get("controller")),
-                None,
-            ),
-        )
-
-
-def _text(value: Any) -> str | None:
-    return value[:_MAX_MESSAGE] if isinstance(value, str) and value else None
-
-
-def _unschedulable(conditions: Any) -> str | None:
-    for condition in conditions if isinstance(conditions, list) else ():
-        if not isinstance(condition, dict):
-            continue
-        if condition.get("type") == "Unschedulable" and condition.get("status") == "True":
-            parts = [_text(condition.get("reason")), _text(condition.get("message"))]
-            return ": ".join(p for p in parts if p) or "Unschedulable"
-    return None
 
 
 def mirror(
@@ -95,13 +46,13 @@ def mirror(
     live = [p for p in gang if not p.deleting]
     placed = sum(1 for p in live if p.node_name)
     if placed >= nodes:
-        value, reason = True, "GangScheduled"
+        value, reason = True, r.REASON_GANG_SCHEDULED
         message = f"all {nodes} pods of the gang are placed ({group.kind} PodGroup "
         message += f"{group.phase or 'without a phase yet'})"
     else:
         value, reason, message = False, *_waiting(group, live, placed, nodes)
     conditions = cond.set_condition(
-        status.get("conditions"), CONDITION_GANG_SCHEDULED, value, reason, message, now
+        status.get("conditions"), r.CONDITION_GANG_SCHEDULED, value, reason, message, now
     )
     return {**status, "conditions": conditions}
 
@@ -112,7 +63,7 @@ def _waiting(
     phase = group.phase
     if group.kind == "Coscheduling" and phase in _STALE_COSCHEDULING_PHASES:
         phase = None
-    reason = f"PodGroup{phase}" if phase else "GangWaiting"
+    reason = f"PodGroup{phase}" if phase else r.REASON_GANG_WAITING
     message = f"{placed} of {nodes} pods placed; {group.kind} PodGroup phase {phase or 'unset'}"
     meaning = _VOLCANO_PHASE_MEANING.get(phase or "") if group.kind == "Volcano" else None
     if meaning:

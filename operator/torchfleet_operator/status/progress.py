@@ -38,9 +38,9 @@ STEP_SECONDS_SUM = contract.METRIC_STEP_SECONDS + "_sum"
 STEP_SECONDS_COUNT = contract.METRIC_STEP_SECONDS + "_count"
 CHECKPOINT_STEP = contract.METRIC_CHECKPOINT_STEP
 MFU = contract.METRIC_MFU
-# The trainer's checkpoint-save histogram (torchfleet_trainer/metrics.py; not in the
-# contract): its _sum is the time this gang's loop was blocked saving.
-CHECKPOINT_SAVE_SECONDS_SUM = "torchfleet_checkpoint_save_seconds_sum"
+# The trainer's checkpoint-save histogram: its _sum is the time this gang's
+# loop was blocked saving.
+CHECKPOINT_SAVE_SECONDS_SUM = contract.METRIC_CHECKPOINT_SAVE_SECONDS + "_sum"
 WANTED = {
     STEP,
     TOTAL_STEPS,
@@ -171,7 +171,9 @@ def _add_rates(progress: dict[str, Any], gauges: dict[str, float]) -> None:
     if throughput is not None:
         progress["tokensPerSecond"] = round(throughput, 3)
     mfu = _bounded_float(gauges.get(MFU), ProgressStatus, "mfu")
-    if mfu is not None:
+    # The trainer sets no MFU where it knows no peak (a CPU, an unlisted
+    # device): the gauge keeps its initial 0, which means "not known".
+    if mfu:
         progress["mfu"] = round(mfu, 4)
 
 

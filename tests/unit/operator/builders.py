@@ -1,4 +1,5 @@
-"""Small builders for operator unit tests: a job body, observed pods, a clock."""
+"""Small builders for operator unit tests: a job body, observed pods, a clock,
+and what a plan creates and deletes."""
 
 from __future__ import annotations
 
@@ -6,9 +7,12 @@ import copy
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from torchfleet_operator.api.parse import parse_training_job
+from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
 from torchfleet_operator.build.pods import pod_name_for_rank
 from torchfleet_operator.config import OperatorConfig
 from torchfleet_operator.observed import Observed, ObservedPod
+from torchfleet_operator.planning import Pass, Plan
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 CONFIG = OperatorConfig(
@@ -71,3 +75,30 @@ def observed(*pods: ObservedPod, **fields: Any) -> Observed:
 
 def running_status(restart: int = 0, **extra: Any) -> dict[str, Any]:
     return {"phase": "Running", "restartCount": restart, "startTime": stamp(0), **extra}
+
+
+def created_names(plan: Plan) -> list[str]:
+    """The pods a plan creates, in the order it creates them."""
+    return [m["metadata"]["name"] for m in plan.create if m["kind"] == "Pod"]
+
+
+def deleted_names(plan: Plan) -> list[str]:
+    """The children a plan deletes, sorted."""
+    return sorted(ref.name for ref in plan.delete)
+
+
+def spec_of(workers: int = 2, **spec: Any) -> TrainingJobSpec:
+    """The parsed spec of ``job(workers=workers, **spec)``."""
+    return parse_training_job(job(workers=workers, **spec)).spec
+
+
+def a_pass(
+    seen: Observed | None = None,
+    status: dict[str, Any] | None = None,
+    now: float = 0,
+    workers: int = 2,
+    **spec: Any,
+) -> Pass:
+    """A planning pass over ``job(workers=workers, **spec)``, for one policy to decide in."""
+    body = job(workers=workers, **spec)
+    return Pass(body, dict(status or {}), seen or observed(), at(now), CONFIG)

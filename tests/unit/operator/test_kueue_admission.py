@@ -1,5 +1,5 @@
 """Kueue: the Workload a queued job asks with, and what each Workload state
-makes the planner do (build/workload.py, policy/admission.py, reconcile's gate)."""
+makes the planner do (build/workload.py, policy/admission.py, policy/kueue.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 
 from torchfleet_operator.api.parse import parse_training_job
 from torchfleet_operator.build import workload as wl
+from torchfleet_operator.observed import Flavor, KueueView, ObservedWorkload
 from torchfleet_operator.policy import admission
-from torchfleet_operator.policy.admission import Flavor, KueueView, ObservedWorkload
 from torchfleet_operator.reconcile import plan
 from torchfleet_operator.status.conditions import find
 

@@ -31,7 +31,8 @@ from torchfleet_operator.build.labels import (
     ROLE_LABEL,
 )
 from torchfleet_operator.observed import Observed, ObservedPod
-from torchfleet_operator.reconcile import Plan, plan
+from torchfleet_operator.planning import Plan
+from torchfleet_operator.reconcile import plan
 
 from .builders import CONFIG, T0, job
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from torchfleet_operator.observed import ObservedPod
+from torchfleet_operator.observed import ObservedPod, ObservedPodGroup
 from torchfleet_operator.reconcile import plan
 from torchfleet_operator.status.conditions import find
-from torchfleet_operator.status.podgroup import ObservedPodGroup, mirror
+from torchfleet_operator.status.podgroup import mirror
 
 from .builders import CONFIG, at, gang, job, observed, pod, stamp
 

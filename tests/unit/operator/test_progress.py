@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from torchfleet_operator.progress import ProgressPoller
+from tests.fixtures.poll import async_wait_for
+from torchfleet_operator.scraper import ProgressPoller
 from torchfleet_operator.status.progress import progress_from_metrics
 from torchfleet_trainer.metrics import TrainMetrics
 
@@ -23,8 +24,7 @@ def test_poller_reads_the_trainers_gauges_and_reports_only_changes():
             0.05, lambda: [("llm", "127.0.0.1")], changed.append, port=port
         )
         task = asyncio.create_task(poller.run())
-        while not changed:
-            await asyncio.sleep(0.02)
+        await async_wait_for("the first change", lambda: changed)
         await asyncio.sleep(0.3)  # several more scrapes of unchanged figures
         assert changed == ["llm"]
         progress, _ = poller.latest["llm"]
@@ -35,8 +35,7 @@ def test_poller_reads_the_trainers_gauges_and_reports_only_changes():
             1234.5,
         )
         metrics.step.set(41)
-        while len(changed) < 2:
-            await asyncio.sleep(0.02)
+        await async_wait_for("the second change", lambda: len(changed) >= 2)
         task.cancel()
 
     asyncio.run(asyncio.wait_for(scenario(), timeout=10))

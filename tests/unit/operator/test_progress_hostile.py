@@ -16,7 +16,7 @@ from prometheus_client import REGISTRY
 
 from torchfleet_operator.config import OperatorConfig
 from torchfleet_operator.controller import supervise
-from torchfleet_operator.progress import ProgressPoller
+from torchfleet_operator.scraper import ProgressPoller
 from torchfleet_trainer import contract
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

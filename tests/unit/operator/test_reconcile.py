@@ -8,18 +8,22 @@ import pytest
 
 from torchfleet_operator.build import names
 from torchfleet_operator.observed import Observed
-from torchfleet_operator.reconcile import plan, with_rejections
+from torchfleet_operator.reconcile import plan
 from torchfleet_operator.status.conditions import find
+from torchfleet_operator.status.rejections import with_rejections
 
-from .builders import CONFIG, at, gang, job, observed, pod, running_status, stamp
-
-
-def created_names(p):
-    return [m["metadata"]["name"] for m in p.create if m["kind"] == "Pod"]
-
-
-def deleted_names(p):
-    return sorted(ref.name for ref in p.delete)
+from .builders import (
+    CONFIG,
+    at,
+    created_names,
+    deleted_names,
+    gang,
+    job,
+    observed,
+    pod,
+    running_status,
+    stamp,
+)
 
 
 def test_new_job_creates_service_then_one_pod_per_rank():

@@ -12,7 +12,17 @@ from torchfleet_operator.observed import ObservedPod
 from torchfleet_operator.reconcile import plan
 from torchfleet_operator.status.conditions import find
 
-from .builders import CONFIG, at, gang, job, observed, pod, running_status
+from .builders import (
+    CONFIG,
+    at,
+    created_names,
+    deleted_names,
+    gang,
+    job,
+    observed,
+    pod,
+    running_status,
+)
 
 MASTER, W0, W1, W2 = "llm-master-0", "llm-worker-0", "llm-worker-1", "llm-worker-2"
 
@@ -29,12 +39,6 @@ def failed(rank: int, **fields: object) -> ObservedPod:
 
 def four(**overrides: ObservedPod) -> tuple[ObservedPod, ...]:
     return gang(nodes=4, **overrides)
-
-
-def pod_names(p, verb: str) -> list[str]:
-    if verb == "create":
-        return sorted(m["metadata"]["name"] for m in p.create if m["kind"] == "Pod")
-    return sorted(ref.name for ref in p.delete)
 
 
 LOST_ON_NODE = pod("llm", 2, node_name="node-lost")
@@ -62,7 +66,7 @@ def test_only_the_lost_worker_is_replaced_and_the_gang_keeps_running(lost, seen,
     )
     p = plan(elastic_job(), seen_with_node, at(60), CONFIG, status=running_status())
     # Only that worker goes (one already terminating is not deleted twice) ...
-    assert pod_names(p, "delete") == ([] if lost == "deleted by someone" else [W1])
+    assert deleted_names(p) == ([] if lost == "deleted by someone" else [W1])
     # ... and no gang restart: same generation, still Running.
     assert p.gang_restart is None and p.status["restartCount"] == 0
     assert p.status["phase"] == "Running"
@@ -81,7 +85,7 @@ def test_a_replaced_worker_is_counted_once_and_recreated_with_its_own_name():
     assert second.create == [] and second.status["phase"] == "Running"
     without = [p for p in four() if p.name != W1]
     third = plan(elastic_job(), observed(*without), at(3), CONFIG, second.status)
-    assert pod_names(third, "create") == [W1]
+    assert sorted(created_names(third)) == [W1]
     recreated = next(m for m in third.create if m["metadata"]["name"] == W1)
     assert recreated["metadata"]["labels"]["torchfleet.dev/restart"] == "0"  # same generation
     for later in (second, third):
@@ -105,7 +109,7 @@ def test_a_replacement_that_fails_again_is_counted_again():
     first = plan(elastic_job(), observed(*four(**{W1: failed(2)})), at(1), CONFIG, running_status())
     again = dataclasses.replace(failed(2), uid="llm-2-second")
     second = plan(elastic_job(), observed(*four(**{W1: again})), at(9), CONFIG, first.status)
-    assert pod_names(second, "delete") == [W1]
+    assert deleted_names(second) == [W1]
     assert second.status["elastic"]["countedReplacements"] == 2
 
 
@@ -121,7 +125,7 @@ def test_losing_the_master_restarts_the_gang(seen, reason):
     p = plan(elastic_job(), observed(*seen), at(60), CONFIG, status=running_status())
     assert p.gang_restart == reason and p.status["restartCount"] == 1
     assert p.status["phase"] == "Restarting"
-    assert pod_names(p, "delete") == sorted(x.name for x in seen if not x.deleting)
+    assert deleted_names(p) == sorted(x.name for x in seen if not x.deleting)
 
 
 def test_a_worker_failing_permanently_fails_the_job_as_in_a_fixed_gang():
@@ -158,7 +162,7 @@ def test_max_restarts_bounds_the_counted_replacements(max_restarts, counted_befo
         )
         assert W0 in failed_condition["message"]
         # It holds nothing any more: every pod goes, whatever cleanPodPolicy says.
-        assert pod_names(p, "delete") == [MASTER, W0, W1, W2]
+        assert deleted_names(p) == [MASTER, W0, W1, W2]
 
 
 @pytest.mark.parametrize(
@@ -205,7 +209,7 @@ def test_a_replaced_worker_on_a_lost_node_is_force_deleted_after_the_grace():
 def test_two_workers_lost_at_once_are_both_replaced():
     seen = observed(*four(**{W0: failed(1), W2: failed(3, disrupted=True, reason="Evicted")}))
     p = plan(elastic_job(), seen, at(1), CONFIG, running_status())
-    assert pod_names(p, "delete") == [W0, W2] and p.gang_restart is None
+    assert deleted_names(p) == [W0, W2] and p.gang_restart is None
     assert p.status["phase"] == "Running"  # master + 1 worker: minNodes 2
     elastic = p.status["elastic"]
     assert (elastic["replacements"], elastic["countedReplacements"]) == (2, 1)

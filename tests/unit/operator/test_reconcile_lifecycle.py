@@ -9,15 +9,21 @@ import pytest
 from torchfleet_operator.api.parse import InvalidSpecError, parse_training_job
 from torchfleet_operator.build.pods import build_pod
 from torchfleet_operator.observed import ObservedPod
-from torchfleet_operator.reconcile import after_execute, plan
+from torchfleet_operator.reconcile import plan
 from torchfleet_operator.status.conditions import find
+from torchfleet_operator.status.rejections import after_execute
 
-from .builders import CONFIG, at, gang, job, observed, pod, running_status, stamp
-
-
-def deleted_names(p):
-    return sorted(ref.name for ref in p.delete)
-
+from .builders import (
+    CONFIG,
+    at,
+    deleted_names,
+    gang,
+    job,
+    observed,
+    pod,
+    running_status,
+    stamp,
+)
 
 # ---- 1. a stored spec this operator no longer understands ----------------------------------
 

@@ -1,0 +1,158 @@
+"""The Kueue policy of one pass: a queued job's pods wait for its Workload's
+admission, take the admitted placement, stop when evicted, and a finished
+job hands its quota back. Pure.
+
+What each state of the Workload means is admission.py's (read and decide on
+Kueue's objects); this module applies it to the pass: the phase, the job's
+mirrored conditions, the Workload to create, the patches to it, the pods to
+delete.
+"""
+
+from __future__ import annotations
+
+from torchfleet_operator.api import constants as c
+from torchfleet_operator.api import reasons as r
+from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
+from torchfleet_operator.build import names
+from torchfleet_operator.build import workload as workload_builder
+from torchfleet_operator.build.labels import ROLE_LABEL
+from torchfleet_operator.observed import KueueView, ObservedPod, ObservedWorkload
+from torchfleet_operator.planning import Pass, WorkloadPatch
+from torchfleet_operator.policy import admission
+
+
+def gate(
+    step: Pass, spec: TrainingJobSpec, queue: str, pods: list[ObservedPod], image: str
+) -> dict[str, admission.PodSetInfo] | None:
+    """None: this pass creates no pods (not admitted, evicted, no Workload yet);
+    else the admitted placement per role, for the pods about to be created."""
+    view = step.observed.kueue or KueueView(installed=False)
+    live = [p for p in pods if not p.deleting]
+    if not view.installed:
+        if live:  # running before Kueue went away: not stopped for that
+            return {}
+        step.set_phase(c.PHASE_PENDING)
+        step.set_condition(
+            r.WORKLOAD_ADMITTED,
+            False,
+            r.REASON_KUEUE_MISSING,
+            admission.kueue_missing_message(queue),
+        )
+        return None
+    workload = view.workload
+    if workload is None or workload.deleting:
+        if workload is None:
+            step.plan.create.append(
+                workload_builder.workload(
+                    step.name, step.namespace, step.uid, spec, queue, view.priority, image
+                )
+            )
+        _mirror(step, None)
+        step.set_phase(c.PHASE_PENDING)
+        return None
+    _mirror(step, workload)
+    if workload.evicted:
+        _evicted(step, workload, pods, live)
+        return None
+    if not workload.admitted:
+        step.delete_pods(live)  # jobframework stops a job that runs unadmitted
+        step.set_phase(c.PHASE_PENDING)
+        step.set_condition(
+            r.CONDITION_CREATED,
+            False,
+            r.REASON_WAITING_FOR_ADMISSION,
+            f"waiting for Kueue to admit Workload {workload.name} from LocalQueue {queue}",
+        )
+        return None
+    step.clear_condition(
+        r.WORKLOAD_EVICTED, r.REASON_ADMITTED, f"Kueue admitted Workload {workload.name} again"
+    )
+    missing = admission.missing_flavors(workload, view.flavors)
+    if missing:  # the ResourceFlavor informer has not caught up yet
+        step.plan.wake_in(1.0)
+        return None
+    return admission.pod_set_infos(workload, view.flavors)
+
+
+def _mirror(step: Pass, workload: ObservedWorkload | None) -> None:
+    for type_, value, reason, message in admission.mirrored_conditions(workload):
+        step.set_condition(type_, value, reason, message)
+
+
+def _evicted(
+    step: Pass,
+    workload: ObservedWorkload,
+    pods: list[ObservedPod],
+    live: list[ObservedPod],
+) -> None:
+    """Stop the gang gracefully (SIGTERM, the trainer saves); once no pod is left,
+    hand the quota back so that Kueue requeues the Workload. A disruption: it
+    never counts toward backoffLimit."""
+    evicted = workload.condition(r.WORKLOAD_EVICTED) or {}
+    reason = str(evicted.get("reason") or r.WORKLOAD_EVICTED)
+    message = f"evicted by Kueue: {evicted.get('message') or reason}"
+    running = [p for p in live if not p.finished]
+    if running and not step.is_true(r.WORKLOAD_EVICTED):
+        step.status["disruptions"] = int(step.status.get("disruptions") or 0) + 1
+    step.set_condition(r.WORKLOAD_EVICTED, True, reason, message)
+    step.clear_condition(r.CONDITION_RUNNING, reason, message)
+    step.set_condition(r.CONDITION_CREATED, False, reason, message)
+    step.set_phase(c.PHASE_PENDING)
+    step.delete_pods(live)
+    if not pods and workload.has_reservation:
+        step.plan.workload_patches.append(
+            WorkloadPatch(
+                workload.name,
+                admission.clear_reservation(workload, step.stamp),
+                admission.ADMISSION_FIELD_MANAGER,
+            )
+        )
+
+
+def place(step: Pass, placement: dict[str, admission.PodSetInfo]) -> None:
+    """Puts the admitted flavors' nodeSelector and tolerations on the pods to create."""
+    step.plan.create = [
+        admission.apply_pod_set_info(m, placement[role])
+        if m["kind"] == "Pod" and (role := m["metadata"]["labels"].get(ROLE_LABEL, "")) in placement
+        else m
+        for m in step.plan.create
+    ]
+
+
+def admitted_size(step: Pass, spec: TrainingJobSpec) -> TrainingJobSpec:
+    """The job as its gang is made: an elastic job that Kueue admitted with fewer
+    workers than it asked for (partial admission) runs those; the rest of the
+    queue's room is another job's. The spec's size stays the desired one shown."""
+    view = step.observed.kueue
+    if spec.elastic is None or view is None or view.workload is None:
+        return spec
+    count = admission.admitted_count(view.workload, names.WORKER_ROLE)
+    if count is None or count >= spec.worker.replicas:
+        return spec
+    count = max(count, workload_builder.min_workers(spec))  # never below minNodes
+    worker = spec.worker.model_copy(update={"replicas": count})
+    return spec.model_copy(update={"worker": worker})
+
+
+def mark_finished(step: Pass, spec: TrainingJobSpec) -> None:
+    """A finished job's Workload is marked Finished: Kueue releases its quota."""
+    view = step.observed.kueue
+    if admission.kueue_queue(spec, step.labels) is None or view is None:
+        return
+    workload = view.workload
+    if workload is None or workload.finished or workload.deleting:
+        return
+    phase = step.phase
+    found = step.condition(str(phase)) or {}
+    step.plan.workload_patches.append(
+        WorkloadPatch(
+            workload.name,
+            admission.mark_finished(
+                workload,
+                phase == c.PHASE_SUCCEEDED,
+                str(found.get("message") or f"the TrainingJob {phase}"),
+                step.stamp,
+            ),
+            admission.FINISHED_FIELD_MANAGER,
+        )
+    )

@@ -1,0 +1,49 @@
+"""What a gang reports into the status on every pass: its pod counts, the
+latest scrape of the master's /metrics (status.progress) and the newest
+checkpoint (status.lastCheckpoint). Pure: the scrape arrives parsed
+(status/progress.py) in the pass's observations."""
+
+from __future__ import annotations
+
+from torchfleet_operator.api import constants as c
+from torchfleet_operator.api import reasons as r
+from torchfleet_operator.observed import ObservedPod
+from torchfleet_operator.planning import Pass
+from torchfleet_operator.status import progress as progress_status
+from torchfleet_operator.status.counts import nodes_ready, replica_statuses
+
+
+def count(step: Pass, gang: list[ObservedPod], nodes: int) -> None:
+    step.status["replicaStatuses"] = replica_statuses(gang)
+    step.status["nodesReady"] = nodes_ready(gang, nodes)
+
+
+def record_progress(step: Pass) -> None:
+    """The latest scrape into status.progress, unless it is the old gang's."""
+    observed = step.observed
+    shown = step.status.get("progress")
+    shown = shown if isinstance(shown, dict) else None
+    running = step.condition(r.CONDITION_RUNNING) or {}
+    since = running.get("lastTransitionTime") if running.get("status") == "True" else None
+    if (
+        observed.progress is not None
+        and step.old_status.get("phase") == c.PHASE_RUNNING  # only a running gang is scraped
+    ):
+        if progress_status.is_current(observed.progress, shown, since):
+            step.status["progress"] = observed.progress
+        elif progress_status.waits_for_a_later_second(observed.progress, shown, step.now):
+            step.plan.wake_in(1.0)  # by then the poller holds a scrape a second newer
+    last = (step.status.get("lastCheckpoint") or {}).get("step")
+    if observed.checkpoint_step is not None and observed.checkpoint_step != last:
+        step.status["lastCheckpoint"] = {"step": observed.checkpoint_step, "time": step.stamp}
+
+
+def progress_complete(step: Pass) -> None:
+    """torchfleet-train exits 0 only after its last step (preempted, it exits
+    143), so its success means every step ran, even when the last scrape of
+    the master's /metrics came a few steps before the end."""
+    progress = step.status.get("progress")
+    if not progress or not progress.get("totalSteps"):
+        return
+    done = {k: v for k, v in progress.items() if k != "etaSeconds"}
+    step.status["progress"] = done | {"step": progress["totalSteps"], "percent": 100}
