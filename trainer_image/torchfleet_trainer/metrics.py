@@ -46,7 +46,7 @@ class TrainMetrics:
             registry=self.registry,
         )
         self.checkpoint_save_seconds = Histogram(
-            "torchfleet_checkpoint_save_seconds",
+            contract.METRIC_CHECKPOINT_SAVE_SECONDS,
             "Time the loop was blocked saving a checkpoint.",
             buckets=CHECKPOINT_BUCKETS,
             registry=self.registry,
