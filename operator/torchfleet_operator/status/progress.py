@@ -174,7 +174,9 @@ def _add_rates(progress: dict[str, Any], gauges: dict[str, float]) -> None:
     # The trainer sets no MFU where it knows no peak (a CPU, an unlisted
     # device): the gauge keeps its initial 0, which means "not known".
     if mfu:
-        progress["mfu"] = round(mfu, 4)
+        # Significant digits, not decimals: a small model's real MFU (1e-5 on
+        # a big GPU) must not read as 0, which says "not known".
+        progress["mfu"] = float(f"{mfu:.4g}")
 
 
 def is_current(

@@ -138,6 +138,12 @@ CASES: list[tuple[str, str, dict[str, Any] | None, int | None]] = [
     ("a good checkpoint step", metrics(STEP="5", CHECKPOINT_STEP="4"), {"step": 5}, 4),
     ("an MFU in 0-1 is kept", metrics(STEP="5", MFU="0.37"), {"step": 5, "mfu": 0.37}, None),
     (
+        "a tiny MFU keeps its significant digits",
+        metrics(STEP="5", MFU="0.0000123456"),
+        {"step": 5, "mfu": 0.00001235},
+        None,
+    ),
+    (
         "an MFU above 1 is dropped (schema maximum 1)",
         metrics(STEP="5", MFU="1.5"),
         {"step": 5},
