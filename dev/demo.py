@@ -33,6 +33,7 @@ DEV = Path(__file__).resolve().parent
 REPO = DEV.parent
 sys.path.insert(0, str(DEV))
 
+from corpus import write_corpus  # noqa: E402
 from nodeagent import node as agent_node  # noqa: E402
 from nodeagent import pod as agent_pod  # noqa: E402
 from nodeagent import procs  # noqa: E402
@@ -44,13 +45,11 @@ KUBECTL = REPO / ".cluster" / "bin" / "kubectl"
 NAMESPACE = "torchfleet-demo"
 JOB = "shakespeare-ddp"
 EXAMPLE = REPO / "examples" / "shakespeare-ddp.yaml"
-SHARED_CORPUS = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
 NODES = ("tf-local-0", "tf-local-1")
 # The demo's agent keeps the default session, the local-node label value the
 # examples select; a test session on the same cluster has a value of its own.
 LOCAL_NODES = f"{agent_node.LOCAL_NODE_LABEL}={agent_node.DEFAULT_SESSION}"
 BRIDGE, CIDR, GATEWAY = "tfdemo0", "10.253.0.0/16", "10.253.0.1"
-CORPUS_BYTES = 1_100_000
 KILL_AFTER_CHECKPOINT_STEP = 100
 TENSORBOARD_PORT = int(os.environ.get("TORCHFLEET_DEMO_TENSORBOARD_PORT", "6006"))
 # What the demo starts and `down` stops, by pid file; the agent last (it stops the pods).
@@ -74,26 +73,6 @@ def kubectl(*args: str, input: str | None = None, check: bool = True) -> str:
 
 
 # ---- the corpus -------------------------------------------------------------------
-
-
-def write_corpus(dest: Path, shared: Path = SHARED_CORPUS) -> str:
-    """Shakespeare from ../shared when this machine has it; otherwise a corpus of
-    the same size built from text every machine with Python has: the standard
-    library's own sources. Nothing is downloaded or copied into the project."""
-    if shared.exists():
-        dest.write_bytes(shared.read_bytes())
-        return f"tinyshakespeare ({shared})"
-    stdlib = Path(os.__file__).parent
-    chunks, size = [], 0
-    for source in sorted(stdlib.glob("*.py")):
-        text = source.read_text(encoding="utf-8", errors="ignore")
-        text = "".join(ch for ch in text if ch.isascii())
-        chunks.append(text)
-        size += len(text)
-        if size >= CORPUS_BYTES:
-            break
-    dest.write_text("".join(chunks)[:CORPUS_BYTES])
-    return f"Python standard library sources ({stdlib})"
 
 
 # ---- the parts ---------------------------------------------------------------------
