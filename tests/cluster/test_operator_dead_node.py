@@ -37,6 +37,19 @@ class DeadNodes:
             )
         self.cluster.kubectl("label", "node", node, "torchfleet.dev/kwok-not-ready=true")
 
+    def kill_node_of(self, job_driver: Any, namespace: str, pod: str) -> tuple[dict, str]:
+        """Kills the node ``pod`` runs on, with every pod of the namespace there;
+        returns the pod as it was and its node's name."""
+        victim = job_driver.get_core(namespace, "pods", pod)
+        node = victim["spec"]["nodeName"]
+        on_node = [
+            p["metadata"]["name"]
+            for p in job_driver.pods(namespace)
+            if p["spec"].get("nodeName") == node
+        ]
+        self.kill(node, namespace, on_node)
+        return victim, node
+
     def revive_all(self) -> None:
         for node in self.killed:
             self.cluster.kubectl("label", "node", node, "torchfleet.dev/kwok-not-ready-")
@@ -67,14 +80,7 @@ def test_a_gang_stalled_by_a_dead_node_is_recreated_after_the_force_delete_grace
     job_driver.create(namespace, "llm", spec(workers=3))
     job_driver.wait_running_pods(namespace, "llm", 4)
     job_driver.wait_phase(namespace, "llm", "Running")
-    victim = job_driver.get_core(namespace, "pods", "llm-worker-1")
-    node = victim["spec"]["nodeName"]
-    on_node = [
-        p["metadata"]["name"]
-        for p in job_driver.pods(namespace, "llm")
-        if p["spec"].get("nodeName") == node
-    ]
-    dead_nodes.kill(node, namespace, on_node)
+    _, node = dead_nodes.kill_node_of(job_driver, namespace, "llm-worker-1")
 
     # The operator says what the new gang waits for: the pod on the lost node.
     waiting = job_driver.wait_for(
@@ -140,15 +146,8 @@ def test_a_lost_node_restarts_a_fixed_gang_without_spending_its_backoff_limit(
     job_driver.create(namespace, "llm", spec(workers=2, runPolicy={"backoffLimit": 0}))
     job_driver.wait_running_pods(namespace, "llm", 3)
     job_driver.wait_phase(namespace, "llm", "Running")
-    victim = job_driver.get_core(namespace, "pods", "llm-worker-1")
-    node = victim["spec"]["nodeName"]
-    on_node = [
-        p["metadata"]["name"]
-        for p in job_driver.pods(namespace, "llm")
-        if p["spec"].get("nodeName") == node
-    ]
     lost = time.monotonic()
-    dead_nodes.kill(node, namespace, on_node)
+    victim, node = dead_nodes.kill_node_of(job_driver, namespace, "llm-worker-1")
 
     restarting = job_driver.wait_for(
         "a gang restart for the lost node",
