@@ -50,6 +50,7 @@ _NODES = "(1 + self.worker.replicas)"
 _DEGREES_FOLLOW = f"{SHARD} == -1 && {PROCS} % {FIXED} == 0"
 _DP_PER_NODE = f"({REPLICATE} * {PROCS} / {FIXED})"
 _ACCUM = or_default(TRAINING, TrainingConfig, "grad_accum_steps")
+_GRAPHS = or_default(TRAINING, TrainingConfig, "cuda_graphs")
 _GIVEN_MICRO = f"{TRAINING}.?microBatchSize"
 _MIN, _MAX = "self.elastic.minNodes", "self.elastic.maxNodes"
 _MICRO = f"{_GIVEN_MICRO}.orValue({BATCH} / ({_MAX} * {_DP_PER_NODE} * {_ACCUM}))"
@@ -76,6 +77,10 @@ def _size_within_bounds(spec: SpecShape) -> bool:
 def _no_rank_in_command(spec: SpecShape) -> bool:
     words = [*(spec.command or ()), *(spec.args or ())]
     return spec.elastic is None or not any(v in word for word in words for v in RANK_VARIABLES)
+
+
+def _no_cuda_graphs(spec: SpecShape) -> bool:
+    return spec.elastic is None or spec.trainer is None or not spec.trainer.training.cuda_graphs
 
 
 def _shard_follows_nodes(spec: SpecShape) -> bool:
@@ -131,6 +136,13 @@ def elastic_rules() -> tuple[Rule, ...]:
             "variables) and read the ranks torchrun gives each process",
             check=_no_rank_in_command,
             field_path=".command",
+        ),
+        Rule(
+            cel=f"!{_ELASTIC} || !has(self.trainer) || !{_GRAPHS}",
+            message="trainer.training.cudaGraphs is not for elastic jobs: the world changes "
+            "between rendezvous rounds, and CUDA graphs are for a fixed single-process run",
+            check=_no_cuda_graphs,
+            field_path=".trainer.training.cudaGraphs",
         ),
         Rule(
             cel=f"!({_RESIZES}) || !has(self.trainer) || {SHARD} == -1",

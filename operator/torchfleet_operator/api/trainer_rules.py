@@ -70,7 +70,15 @@ def _data_rules() -> list[dict[str, str]]:
 def _training_rules() -> list[dict[str, str]]:
     batch = or_default("self", TrainingConfig, "global_batch_size")
     accum = or_default("self", TrainingConfig, "grad_accum_steps")
+    compiled = or_default("self", TrainingConfig, "compile")
+    graphs = or_default("self", TrainingConfig, "cuda_graphs")
     return [
+        _rule(
+            f"!{graphs} || {compiled}",
+            "trainer.training.cudaGraphs needs training.compile=true (the graphs are "
+            "captured from the compiled forward and backward)",
+            ".cudaGraphs",
+        ),
         _rule(
             f"{batch} % {accum} == 0",
             "trainer.training.globalBatchSize must be divisible by gradAccumSteps",

@@ -255,6 +255,15 @@ ELASTIC_CASES: tuple[Invalid, ...] = (
         )
     ),
     _case(
+        "elastic-cuda-graphs",
+        "spec.trainer.training.cudaGraphs",
+        merge(
+            elastic(2, 2, 1),
+            nested("trainer.training", {"compile": True, "cudaGraphs": True}),
+        ),
+        says="elastic",
+    ),
+    _case(
         "elastic-pipeline-microbatches-do-not-split-the-micro-batch",
         "spec.trainer.training.globalBatchSize",
         elastic(2, 4, 3),
@@ -562,6 +571,12 @@ INVALID: tuple[Invalid, ...] = (
         "spec.trainer.training",
         nested("trainer.training", {"globalBatchSize": 10, "gradAccumSteps": 4}),
         says="gradAccumSteps",
+    ),
+    _case(
+        "trainer-cuda-graphs-without-compile",
+        "spec.trainer.training",
+        nested("trainer.training", {"compile": False, "cudaGraphs": True}),
+        says="compile",
     ),
     _case(
         "trainer-micro-batch-and-accumulation",
