@@ -18,6 +18,7 @@ waits on each component's readiness endpoint, never on sleeps.
 from __future__ import annotations
 
 import argparse
+import base64
 import importlib.util
 import json
 import os
@@ -114,6 +115,7 @@ class LocalCluster:
             lambda: self._http_ok(f"http://127.0.0.1:{self.ports.etcd_client}/health"),
             "etcd /health",
         )
+        self._age_etcd()
         self._start("kube-apiserver", self._apiserver_args())
         wait_for(
             lambda: self._https_ok(self.ports.apiserver, "/readyz"), "kube-apiserver /readyz", 120
@@ -434,6 +436,22 @@ class LocalCluster:
             return False
 
     # ---- probes ----------------------------------------------------------
+
+    def _age_etcd(self) -> None:
+        """Moves a new etcd past revision 1 before the API server starts. Its
+        watch caches begin at the revision they first list, and one that began
+        at 1 still answers a watch from version 1 with a replay where every
+        cluster that was not just created answers 410 Gone (the informer's
+        relist, tests/cluster/test_pod_informer.py); a cluster is never that young."""
+        key = base64.b64encode(b"/torchfleet.dev/local-cluster-created").decode()
+        value = base64.b64encode(str(time.time()).encode()).decode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.ports.etcd_client}/v3/kv/put",
+            data=json.dumps({"key": key, "value": value}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=10):
+            pass
 
     @staticmethod
     def _http_ok(url: str) -> bool:

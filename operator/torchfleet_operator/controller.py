@@ -157,6 +157,7 @@ class Controller:
         self.phases.forget(key)
         self.goodput.forget(key)
         self.progress.forget(key)
+        metrics.forget_job_passes(key)
         if uid:
             self._last_status.pop(uid, None)
             self._written_over.pop(uid, None)
@@ -221,6 +222,8 @@ class Controller:
                     delay = await asyncio.get_running_loop().run_in_executor(
                         self._passes, self.reconcile, key, snapshot
                     )
+                    if key in self.caches.jobs:  # else job_deleted dropped its series
+                        metrics.JOB_PASSES.labels(*key).inc()
             except Exception:  # a bug or an unreachable apiserver: never kill the loop
                 log.exception("reconcile of %s/%s failed", *key)
                 metrics.RECONCILE_ERRORS.inc()

@@ -25,6 +25,12 @@ RECONCILE_SECONDS = Histogram(
     "Wall time of one reconcile pass (observe, plan, execute, status write)",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
+JOB_PASSES = Counter(
+    "torchfleet_operator_job_reconcile_passes_total",
+    "Per job: reconcile passes run; a job whose count climbs while nothing changes is "
+    "hot-looping (and tests wait on it for the pass a change of theirs triggered)",
+    ["job_namespace", "job_name"],
+)
 RECONCILE_ERRORS = Counter(
     "torchfleet_operator_reconcile_errors_total", "Reconcile passes that raised unexpectedly"
 )
@@ -176,9 +182,13 @@ class GoodputTracker:
                 _remove(JOB_TIME_SECONDS, *key, component)
 
 
-def _remove(gauge: Gauge, *labels: str) -> None:
+def _remove(series: Gauge | Counter, *labels: str) -> None:
     with contextlib.suppress(KeyError):  # never set
-        gauge.remove(*labels)
+        series.remove(*labels)
+
+
+def forget_job_passes(key: JobKey) -> None:
+    _remove(JOB_PASSES, *key)
 
 
 def serve(port: int, address: str = "0.0.0.0") -> None:

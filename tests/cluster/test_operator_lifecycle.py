@@ -41,7 +41,7 @@ def test_create_runs_the_gang_and_a_second_pass_changes_nothing(
     # A spec-irrelevant change triggers a full pass: no pod or status write follows.
     before = {p["metadata"]["name"]: p["metadata"]["resourceVersion"] for p in pods}
     job_before = job_driver.get(namespace, "llm")
-    passes = shared_operator.passes()
+    passes = shared_operator.passes((namespace, "llm"))
     job_driver.patch(namespace, "llm", {"metadata": {"labels": {"touched": "yes"}}})
     touched_rv = job_driver.wait_for(
         "the label change",
@@ -51,7 +51,9 @@ def test_create_runs_the_gang_and_a_second_pass_changes_nothing(
             and j["metadata"]["resourceVersion"]
         ),
     )
-    shared_operator.wait_idle_after(passes)  # the pass the change triggered has run
+    shared_operator.wait_idle_after(
+        passes, (namespace, "llm")
+    )  # the pass the change triggered has run
     after = {
         p["metadata"]["name"]: p["metadata"]["resourceVersion"]
         for p in job_driver.live_pods(namespace, "llm")
@@ -104,6 +106,7 @@ def test_backoff_limit_exhausted_fails_with_reason(shared_operator, job_driver, 
 def test_master_success_succeeds_and_cleans_running_pods(shared_operator, job_driver, namespace):
     job_driver.create(namespace, "llm", spec(runPolicy={"ttlSecondsAfterFinished": 3}))
     job_driver.wait_running_pods(namespace, "llm", 3)
+    assert shared_operator.passes((namespace, "llm")) >= 1
     job_driver.succeed_pod(namespace, "llm-master-0")
     status = job_driver.wait_phase(namespace, "llm", "Succeeded")
     assert status["completionTime"]
@@ -117,6 +120,10 @@ def test_master_success_succeeds_and_cleans_running_pods(shared_operator, job_dr
     # ttlSecondsAfterFinished: the job goes, and the garbage collector takes the rest.
     job_driver.wait_for(
         "TTL deletion", lambda: job_driver.get(namespace, "llm") is None, timeout=30
+    )
+    # A deleted job leaves no per-job series behind in the operator's /metrics.
+    job_driver.wait_for(
+        "the job's pass counter dropped", lambda: shared_operator.passes((namespace, "llm")) == 0
     )
     job_driver.wait_for(
         "garbage collection",
@@ -137,9 +144,9 @@ def test_suspend_removes_pods_and_resume_runs_again(shared_operator, job_driver,
     job_driver.wait_for("no pods while suspended", lambda: not job_driver.pods(namespace, "llm"))
     assert suspended["startTime"] == started
     # Another pass of the suspended job (a label change triggers one) creates nothing.
-    passes = shared_operator.passes()
+    passes = shared_operator.passes((namespace, "llm"))
     job_driver.patch(namespace, "llm", {"metadata": {"labels": {"poke": "1"}}})
-    shared_operator.wait_idle_after(passes)
+    shared_operator.wait_idle_after(passes, (namespace, "llm"))
     assert not job_driver.pods(namespace, "llm"), "nothing may be created while suspended"
     job_driver.patch(namespace, "llm", {"spec": {"suspend": False}})
     job_driver.wait_running_pods(namespace, "llm", 3)

@@ -230,9 +230,9 @@ def test_upgrade_and_rollback_keep_every_job_as_it_was(
         assert job_driver.status(namespace, "done")["phase"] == "Succeeded", "TTL fired early"
         new = operator_factory(namespaces=(namespace,))
         # It has read every job (a pass for each) before anything is judged.
-        passes = new.passes()
+        passes = new.passes((namespace, "paused"))
         job_driver.patch(namespace, "paused", {"metadata": {"labels": {"upgraded": "yes"}}})
-        new.wait_idle_after(passes)
+        new.wait_idle_after(passes, (namespace, "paused"))
         assert_kept(pods, workload, "after the upgrade")
         # The TTL the previous release started fires under this one.
         job_driver.wait_for(
@@ -246,7 +246,7 @@ def test_upgrade_and_rollback_keep_every_job_as_it_was(
         new.stop()
         apply_crd(cluster.kubectl, old_crd)
         back = operator_factory(namespaces=(namespace,), source=previous_release)
-        passes = back.passes()
+        passes = back.passes()  # the previous release counts passes of all jobs only
         job_driver.patch(namespace, "paused", {"metadata": {"labels": {"rolled-back": "yes"}}})
         back.wait_idle_after(passes)
         assert_kept(pods, workload, "after the rollback")
