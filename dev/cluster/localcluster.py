@@ -524,6 +524,9 @@ AUDIT_POLICY = {
             ],
         },
         {"level": "None", "userGroups": ["system:nodes", "system:serviceaccounts:kube-system"]},
+        # Every request of a workload's service account, reads included: what
+        # an operator running as its chart's account did (least privilege).
+        {"level": "Metadata", "userGroups": ["system:serviceaccounts"]},
         {
             "level": "Metadata",
             "verbs": ["create", "update", "patch", "delete", "deletecollection"],
