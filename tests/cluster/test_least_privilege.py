@@ -55,6 +55,11 @@ def test_the_operator_used_only_what_the_chart_grants_and_never_a_secret(
         for e in audit_events(cluster, chart_identity.username)
         if e.get("stage") == "ResponseComplete" and e.get("objectRef")
     ]
+    assert events, (
+        f"the audit log holds no request of {chart_identity.username}: a local cluster started "
+        "by an older checkout, whose audit policy left service accounts out? Stop it "
+        "(dev/cluster/localcluster.py down) and run again"
+    )
     secrets = [e for e in events if _resource(e)[1].startswith("secrets")]
     assert not secrets, f"the operator touched Secrets: {secrets[:3]}"
 
