@@ -151,7 +151,8 @@ class Agent:
         self.bridge.remove()
         for path in sorted(self.created_mountpoints, key=len, reverse=True):
             with contextlib.suppress(OSError):
-                os.rmdir(path)
+                # A file it created to bind one over (a termination message path).
+                os.unlink(path) if os.path.isfile(path) else os.rmdir(path)
 
     @staticmethod
     def _quietly(call: Any, *args: Any) -> None:
@@ -313,6 +314,10 @@ class Agent:
             runner.teardown()
             meta = runner.pod["metadata"]
             if pod is not None:
+                # As the kubelet's status manager: how the containers ended
+                # (exit codes, termination messages) first, then the removal.
+                with contextlib.suppress(ApiException):
+                    self.kube.patch_pod_status(meta["namespace"], meta["name"], runner.status())
                 self.kube.delete_pod_now(meta["namespace"], meta["name"], runner.uid)
             log.info("pod %s stopped and removed", runner.key)
 

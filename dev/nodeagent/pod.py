@@ -15,6 +15,8 @@ from . import network, podspec, runtime
 log = logging.getLogger("nodeagent.pod")
 
 RESTART_BACKOFF_SECONDS = 1.0
+# The API server's default terminationMessagePath.
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 # A pod directory's start time (ns since the epoch), written whole when it starts.
 STARTED = "started"
 
@@ -152,6 +154,13 @@ class PodRunner:
                 self.node.read_secret,
             )
             launch = podspec.container_launch(pod, container, env, sources, workdir)
+            # The kubelet's terminationMessagePath: a file of the container's own,
+            # bound over the path, read back into its terminated state.
+            message = self.pod_dir / "termination" / f"{launch.name}.log"
+            message.parent.mkdir(parents=True, exist_ok=True)
+            message.write_bytes(b"")
+            target = container.get("terminationMessagePath") or TERMINATION_MESSAGE_PATH
+            launch.mounts.append(podspec.Mount(target, str(message)))
             for mount in launch.mounts:
                 if runtime.prepare_mountpoint(mount) and self.sandbox:
                     self.sandbox.created_mountpoints.append(mount.target)
@@ -161,6 +170,7 @@ class PodRunner:
                     launch,
                     log_path=self.pod_dir / "logs" / f"{name}.log",
                     plan_path=self.pod_dir / f"launch-{name}.json",
+                    message_path=message,
                 )
             )
         return runs
@@ -321,6 +331,7 @@ class PodRunner:
         self.stopped = True
         for run in self.init_runs + self.runs:
             runtime.stop_container(run, grace_seconds)
+            runtime.poll_container(run)  # its exit, for the last status report
 
     def teardown(self) -> None:
         """Frees the network and the pod's volumes; logs stay for reading."""

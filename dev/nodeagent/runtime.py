@@ -30,6 +30,7 @@ log = logging.getLogger("nodeagent.runtime")
 
 PODINIT = Path(__file__).with_name("podinit.py")
 PR_SET_PDEATHSIG = 1
+MESSAGE_LIMIT = 4096  # the kubelet's cap on a termination message, in bytes
 
 
 def now_rfc3339() -> str:
@@ -56,6 +57,8 @@ class ContainerRun:
     exit_code: int | None = None
     restart_count: int = 0
     next_start: float = 0.0
+    # The container's termination message file (terminationMessagePath).
+    message_path: Path | None = None
 
     @property
     def running(self) -> bool:
@@ -64,17 +67,31 @@ class ContainerRun:
     def state(self) -> dict[str, Any]:
         if self.exit_code is not None:
             reason = "Completed" if self.exit_code == 0 else "Error"
-            return {
-                "terminated": {
-                    "exitCode": self.exit_code,
-                    "reason": reason,
-                    "startedAt": self.started_at,
-                    "finishedAt": self.finished_at,
-                }
+            terminated = {
+                "exitCode": self.exit_code,
+                "reason": reason,
+                "startedAt": self.started_at,
+                "finishedAt": self.finished_at,
             }
+            message = self.termination_message()
+            if message:
+                terminated["message"] = message
+            return {"terminated": terminated}
         if self.process is not None:
             return {"running": {"startedAt": self.started_at}}
         return {"waiting": {"reason": "ContainerCreating"}}
+
+    def termination_message(self) -> str:
+        """What the container wrote to its termination message file, capped as
+        the kubelet caps it (4 KiB). Not reproduced: FallbackToLogsOnError's
+        log tail for a failed container that wrote nothing."""
+        if self.message_path is None:
+            return ""
+        try:
+            with open(self.message_path, "rb") as message:
+                return message.read(MESSAGE_LIMIT).decode(errors="replace")
+        except OSError:
+            return ""
 
 
 @dataclass
@@ -146,6 +163,8 @@ def start_container(sandbox: PodSandbox, run: ContainerRun) -> None:
         },
     )
     run.plan_path.write_text(json.dumps(plan))
+    if run.message_path is not None:  # each run starts with no message (as a new container)
+        run.message_path.write_bytes(b"")
     argv = [
         "nsenter",
         f"--net={sandbox.netns_path}",
