@@ -158,6 +158,7 @@ class Controller:
         self.goodput.forget(key)
         self.progress.forget(key)
         metrics.forget_job_passes(key)
+        self.pod_informer.index.forget(key)
         if uid:
             self._last_status.pop(uid, None)
             self._written_over.pop(uid, None)
@@ -286,6 +287,7 @@ class Controller:
             held=frozenset(expected.held),
             progress=progress,
             checkpoint_step=checkpoint_step,
+            saved_checkpoint=self.pod_informer.index.saved.get(key),
             kueue=self._kueue_view(key, body, uid),
             pod_group=next(
                 (g for g in self.caches.pod_groups.get(key) or () if g.owner_uid in (uid, None)),

@@ -34,7 +34,7 @@ from torchfleet_operator import metrics
 from torchfleet_operator.build.labels import JOB_NAME_LABEL
 from torchfleet_operator.kube import RawApi
 from torchfleet_operator.metrics import JobKey
-from torchfleet_operator.observed import ObservedPod
+from torchfleet_operator.observed import ObservedPod, SavedCheckpoint, saved_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,7 @@ class PodEvent:
     key: JobKey
     uid: str
     pod: ObservedPod | None  # None: not a torchfleet pod (or DELETED)
+    saved: SavedCheckpoint | None = None  # its trainer's report of a save, DELETED too
 
 
 def parse_event(event_type: str, manifest: dict[str, Any]) -> PodEvent | None:
@@ -62,7 +63,7 @@ def parse_event(event_type: str, manifest: dict[str, Any]) -> PodEvent | None:
         return None
     key = (meta.get("namespace") or "", job)
     pod = None if event_type == "DELETED" else ObservedPod.from_manifest(manifest)
-    return PodEvent(event_type, key, uid, pod)
+    return PodEvent(event_type, key, uid, pod, saved_checkpoint(manifest))
 
 
 class PodIndex(Mapping[JobKey, tuple[ObservedPod, ...]]):
@@ -72,6 +73,9 @@ class PodIndex(Mapping[JobKey, tuple[ObservedPod, ...]]):
         self._pods: dict[JobKey, dict[str, ObservedPod]] = {}
         self._where: dict[str, tuple[JobKey, str | None]] = {}  # uid -> (job, node)
         self._on_node: dict[str, dict[JobKey, int]] = {}  # node -> job -> pods there
+        # job -> the newest save its trainers reported when preempted: outlives
+        # the pod, whose deletion may come before any pass has seen it end.
+        self.saved: dict[JobKey, SavedCheckpoint] = {}
 
     # -- the Mapping the controller reads --
     def __getitem__(self, key: JobKey) -> tuple[ObservedPod, ...]:
@@ -91,6 +95,12 @@ class PodIndex(Mapping[JobKey, tuple[ObservedPod, ...]]):
         """Applies one event; the job it concerns, or None when the index held
         exactly this already (an update of a field the summary does not keep,
         the deletion of a pod it never had): nothing for a pass to see."""
+        if self._remember(event):
+            if event.pod is None:
+                self._remove(event.uid)
+            else:
+                self._put(event.key, event.uid, event.pod)
+            return event.key
         if event.pod is None:
             if event.uid not in self._where:
                 return None
@@ -112,10 +122,26 @@ class PodIndex(Mapping[JobKey, tuple[ObservedPod, ...]]):
         for uid in gone:
             self._remove(uid)
         for event in events:
+            if self._remember(event):
+                touched.add(event.key)
             if event.pod is not None and self._pods.get(event.key, {}).get(event.uid) != event.pod:
                 self._put(event.key, event.uid, event.pod)
                 touched.add(event.key)
         return touched
+
+    def forget(self, key: JobKey) -> None:
+        """A deleted job's saves go with it (a job of the same name starts afresh)."""
+        self.saved.pop(key, None)
+
+    def _remember(self, event: PodEvent) -> bool:
+        """Keeps the event's reported save when it is newer; whether it was."""
+        known = self.saved.get(event.key)
+        if event.saved is None or (
+            known is not None and (known.time, known.step) >= (event.saved.time, event.saved.step)
+        ):
+            return False
+        self.saved[event.key] = event.saved
+        return True
 
     def _put(self, key: JobKey, uid: str, pod: ObservedPod) -> None:
         known = self._where.get(uid)

@@ -7,6 +7,7 @@ scale), and the planner takes them as plain data. Pure: no client imports.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 from torchfleet_operator.api import reasons as r
 from torchfleet_operator.api.constants import TRAINER_CONTAINER_NAME
 from torchfleet_operator.build.labels import NODE_RANK_LABEL, RESTART_LABEL, ROLE_LABEL
+from torchfleet_trainer import contract
 
 # A termination message (with FallbackToLogsOnError: the log's tail) is cut to
 # its last this many characters: enough for the error line, small for a status.
@@ -182,6 +184,44 @@ def _judged_phase(status: dict[str, Any]) -> str:
     if phase in ("Succeeded", "Failed"):
         return str(phase)
     return _trainer_phase(status) or str(phase)
+
+
+@dataclass(frozen=True)
+class SavedCheckpoint:
+    """A save a preempted trainer made, from its termination message (the pod
+    contract's SAVED_CHECKPOINT_*): made in the grace period, it may be newer
+    than anything the master's /metrics showed."""
+
+    step: int
+    time: datetime
+
+
+# The kubelet caps a termination message at 4 KiB; a longer one is not ours.
+_MESSAGE_LIMIT = 4096
+_STEP_LIMIT = 2**63 - 1  # the status's int64
+
+
+def saved_checkpoint(pod: dict[str, Any]) -> SavedCheckpoint | None:
+    """The trainer container's report of its last save; None without one, and
+    for any message that is not exactly that report (a log tail, a script's own)."""
+    for container in (pod.get("status") or {}).get("containerStatuses") or ():
+        if not isinstance(container, dict) or container.get("name") != TRAINER_CONTAINER_NAME:
+            continue
+        message = _terminated(container)[2]
+        if not isinstance(message, str) or len(message) > _MESSAGE_LIMIT:
+            return None
+        try:
+            report = json.loads(message)
+        except ValueError:
+            return None
+        if not isinstance(report, dict):
+            return None
+        step = report.get(contract.SAVED_CHECKPOINT_STEP)
+        when = parse_time(report.get(contract.SAVED_CHECKPOINT_TIME))
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= _STEP_LIMIT:
+            return None
+        return None if when is None else SavedCheckpoint(step, when)
+    return None
 
 
 # Waiting reasons of a container that will not start without a change elsewhere.
@@ -411,6 +451,9 @@ class Observed:
     # and the step of its newest complete checkpoint.
     progress: dict[str, Any] | None = None
     checkpoint_step: int | None = None
+    # The newest save a trainer of this job reported as it was preempted (its
+    # master's termination message), kept after the pod itself is gone.
+    saved_checkpoint: SavedCheckpoint | None = None
     # Kueue's Workload of the job, its flavors and priority (None: Kueue not served).
     kueue: KueueView | None = None
     # The job's PodGroup (gang scheduling), when its CRD exists and it was seen.

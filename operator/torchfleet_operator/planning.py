@@ -20,6 +20,7 @@ from typing import Any
 
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.api import reasons as r
+from torchfleet_operator.build.names import MASTER_ROLE
 from torchfleet_operator.config import OperatorConfig
 from torchfleet_operator.observed import Observed, ObservedPod, parse_time, timestamp
 from torchfleet_operator.status import conditions as cond
@@ -221,22 +222,29 @@ class Pass:
         and advances the time accounting (status/goodput.py)."""
         old, new = self.old_status, self.status
         ended = _gang_ended(old, new)
+        ending = ended or goodput.ending(old.get(TIME_ACCOUNTING))
+        holding = ending and new.get("phase") not in FINISHED and self._ended_master_runs()
         progress = new.get("progress") if isinstance(new.get("progress"), dict) else None
         checkpoint = (new.get("lastCheckpoint") or {}).get("step")
         checkpoint = checkpoint if isinstance(checkpoint, int) else None
-        if ended:
-            # The next gang resumes from the checkpoint: show that step at once,
-            # not the old gang's last until the new master is scraped.
-            reset = progress_status.resumed(progress, checkpoint, self.stamp)
-            if reset is None:
+        if ending:
+            # The next gang resumes from the newest save: show that step once
+            # the old master (which may still save) is gone, not the old gang's
+            # last until the new master is scraped.
+            if holding:
+                shown = progress_status.held(progress, self.stamp) if ended else progress
+            else:
+                shown = progress_status.resumed(progress, checkpoint, self.stamp)
+            if shown is None:
                 new.pop("progress", None)
             else:
-                new["progress"] = reset
+                new["progress"] = shown
         accounted = goodput.account(
             old.get(TIME_ACCOUNTING),
             phase_before=old.get("phase"),
             phase_now=new.get("phase"),
-            gang_ended=ended,
+            gang_ended=ending and not holding,
+            holding=holding,
             progress=progress,
             checkpoint_step=checkpoint,
             now=self.now,
@@ -251,6 +259,14 @@ class Pass:
             new.pop("goodput", None)
         else:
             new["goodput"] = fraction
+
+    def _ended_master_runs(self) -> bool:
+        """A master of a gang that ended still runs: preempted, its trainer saves
+        in the grace period, and that save is the step the next gang resumes from."""
+        restart = int(self.status.get("restartCount") or 0)
+        gang_runs = self.status.get("phase") == c.PHASE_RUNNING
+        ended = [p for p in self.observed.pods if p.restart < restart or not gang_runs]
+        return any(pod.role == MASTER_ROLE and not pod.finished for pod in ended)
 
     def _phase_event(self, phase: str) -> EventSpec:
         found = self.condition(phase)

@@ -14,7 +14,9 @@ uninterrupted run (the same threshold as test_training.py).
 from __future__ import annotations
 
 import copy
+import threading
 import time
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -64,6 +66,37 @@ def short_job(name: str, queue: str, priority: str) -> dict[str, Any]:
     }
 
 
+class StatusWatch:
+    """Every status the API server sends for one TrainingJob, from a watch in a
+    thread (one connection, not a poll): what a user running `kubectl get -w` sees."""
+
+    def __init__(self, cluster: Any, namespace: str, name: str) -> None:
+        from kubernetes import client, watch
+
+        self.seen: list[dict[str, Any]] = []
+        self._watch = watch.Watch()
+        api = client.CustomObjectsApi(cluster.api_client())
+        stream = self._watch.stream(
+            api.list_namespaced_custom_object,
+            "torchfleet.dev",
+            "v1alpha1",
+            namespace,
+            "trainingjobs",
+            field_selector=f"metadata.name={name}",
+            timeout_seconds=1200,
+        )
+        self._thread = threading.Thread(target=self._follow, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _follow(self, stream: Any) -> None:
+        for event in stream:
+            self.seen.append(copy.deepcopy(event["object"].get("status") or {}))
+
+    def stop(self) -> list[dict[str, Any]]:
+        self._watch.stop()
+        return self.seen
+
+
 def test_preempted_job_resumes_at_the_step_it_was_preempted(
     cluster, kueue, kueue_objects, node_agent, e2e_operator, e2e_namespace
 ):
@@ -88,6 +121,7 @@ def test_preempted_job_resumes_at_the_step_it_was_preempted(
     # came during step 100's evaluation stopped on a periodic one).
     low_job["spec"]["trainer"]["checkpoint"]["interval"] = TOTAL_STEPS
     apply_objects(cluster, namespace, low_job)
+    statuses = StatusWatch(cluster, namespace, name)
 
     def first_run() -> str:
         return (node_agent.logs(namespace, master, "trainer") or [""])[0]
@@ -126,6 +160,21 @@ def test_preempted_job_resumes_at_the_step_it_was_preempted(
         evals = events(final, "eval")
         assert evals and evals[-1]["step"] == TOTAL_STEPS
         assert evals[-1]["val_loss"] < VAL_LOSS_THRESHOLD
+
+        # What the status said on the way. The save on SIGTERM came after the
+        # operator's last scrape; the trainer's termination message told it:
+        # progress never went back (the run resumed at the last step it had
+        # shown or later), the checkpoint is dated when it was saved, and no
+        # second counts as recomputed (no step was done twice).
+        seen = statuses.stop()
+        steps = [s["progress"]["step"] for s in seen if "step" in (s.get("progress") or {})]
+        assert steps == sorted(steps), f"progress went backwards: {steps}"
+        (save,) = events(first_run(), "checkpoint")
+        shown = next(s["lastCheckpoint"] for s in seen if s.get("lastCheckpoint"))
+        assert shown["step"] == stopped_at, shown
+        saved_at = datetime.fromisoformat(shown["time"]).timestamp()
+        assert abs(saved_at - save["time"]) < 1.5, (shown, save["time"])
+        assert job["status"]["timeAccounting"]["recomputedSeconds"] == 0, job["status"]
     except AssertionError as error:
         raise AssertionError(
             f"{error}\n{failure_report(cluster, namespace, node_agent, e2e_operator)}"

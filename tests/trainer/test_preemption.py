@@ -9,6 +9,8 @@ resumes from exactly that step and completes through the same launcher.
 
 from __future__ import annotations
 
+import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -36,6 +38,7 @@ def test_sigterm_saves_complete_checkpoint_and_resume_continues(tmp_path: Path) 
         contract.CHECKPOINT_DIR: str(tmp_path / "ckpt"),
         contract.MASTER_PORT: str(free_port()),
         contract.JOB_NAME: "preempt-test",
+        contract.TERMINATION_MESSAGE_PATH_ENV: str(tmp_path / "termination-log"),
     }
     trainer = TrainerProcess(["--nproc-per-node", "2", "training.steps=100000", *MODEL], env)
     trainer.wait_for(lambda e: e["event"] == "step" and e["step"] >= 3, timeout=240)
@@ -50,6 +53,11 @@ def test_sigterm_saves_complete_checkpoint_and_resume_continues(tmp_path: Path) 
     assert preempted["saved"] is True
     assert (step_dir(tmp_path / "ckpt", stopped_at) / MARKER).is_file()
     assert [e["step"] for e in trainer.of("checkpoint")] == [stopped_at]
+    # The operator learns that save from the termination message (rank 0 writes it).
+    message = json.loads((tmp_path / "termination-log").read_text())
+    assert message[contract.SAVED_CHECKPOINT_STEP] == stopped_at
+    saved = datetime.fromisoformat(message[contract.SAVED_CHECKPOINT_TIME])
+    assert abs((datetime.now(UTC) - saved).total_seconds()) < 120
 
     resumed = TrainerProcess(
         ["--nproc-per-node", "2", f"training.steps={stopped_at + 2}", "parallel.tensor=2", *MODEL],
@@ -60,9 +68,16 @@ def test_sigterm_saves_complete_checkpoint_and_resume_continues(tmp_path: Path) 
     assert [e["step"] for e in resumed.of("step")] == [stopped_at + 1, stopped_at + 2]
 
 
-def test_sigterm_with_no_checkpoint_dir_says_so_and_never_waits_for_an_eval() -> None:
+def test_sigterm_with_no_checkpoint_dir_says_so_and_never_waits_for_an_eval(
+    tmp_path: Path,
+) -> None:
     # Every step is due an evaluation; the step that sees the stop flag skips it.
-    env = {contract.MASTER_PORT: str(free_port()), contract.JOB_NAME: "unsaved-test"}
+    termination = tmp_path / "termination-log"
+    env = {
+        contract.MASTER_PORT: str(free_port()),
+        contract.JOB_NAME: "unsaved-test",
+        contract.TERMINATION_MESSAGE_PATH_ENV: str(termination),
+    }
     args = ["--nproc-per-node", "2", "training.steps=100000", *MODEL]
     trainer = TrainerProcess([*args, "training.evalInterval=1", "training.evalBatches=2"], env)
     trainer.wait_for(lambda e: e["event"] == "eval" and e["step"] >= 3, timeout=240)
@@ -71,5 +86,7 @@ def test_sigterm_with_no_checkpoint_dir_says_so_and_never_waits_for_an_eval() ->
     (preempted,) = trainer.of("preempted")
     assert preempted["saved"] is False
     assert trainer.of("checkpoint") == []
+    # Nothing saved, no message: the kubelet's log fallback stays free.
+    assert not termination.exists()
     evaluated = [e["step"] for e in trainer.of("eval")]
     assert preempted["step"] not in evaluated and max(evaluated) < preempted["step"]

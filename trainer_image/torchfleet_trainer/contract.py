@@ -118,6 +118,17 @@ METRIC_MFU = "torchfleet_train_mfu_ratio"  # 0-1
 # A histogram of each checkpoint save's seconds: its _sum and _count.
 METRIC_CHECKPOINT_SAVE_SECONDS = "torchfleet_checkpoint_save_seconds"
 
+# The trainer's termination message after a preemption it saved for: the step
+# and time of that last save, made in the grace period after the operator's
+# last scrape, reach the operator in the pod's terminated container status.
+# Written only then, so a crash still gets the log tail the kubelet falls back
+# to (terminationMessagePolicy FallbackToLogsOnError). One JSON object:
+# {"checkpointStep": 139, "checkpointTime": "2026-11-26T17:02:03Z"}.
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"  # Kubernetes' default path
+TERMINATION_MESSAGE_PATH_ENV = "TORCHFLEET_TERMINATION_MESSAGE_PATH"  # elsewhere (tests)
+SAVED_CHECKPOINT_STEP = "checkpointStep"
+SAVED_CHECKPOINT_TIME = "checkpointTime"
+
 
 class ContractError(ValueError):
     """The pod environment does not satisfy the contract; names the variable."""
@@ -218,6 +229,7 @@ class PodContract:
     process: ProcessRanks | None = None
     # Set for an elastic job (PET_RDZV_BACKEND=c10d); None for a fixed gang.
     elastic: ElasticRendezvous | None = None
+    termination_message_path: str = TERMINATION_MESSAGE_PATH
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -321,6 +333,8 @@ class PodContract:
             train_config=env.get(TRAIN_CONFIG) or None,
             process=_process_ranks(env),
             elastic=_elastic(env),
+            termination_message_path=env.get(TERMINATION_MESSAGE_PATH_ENV)
+            or TERMINATION_MESSAGE_PATH,
         )
 
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
@@ -17,7 +20,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from torchfleet_trainer import tensorboard
+from torchfleet_trainer import contract, tensorboard
 from torchfleet_trainer.checkpoint import Checkpointer
 from torchfleet_trainer.config import (
     ResolvedDegrees,
@@ -241,6 +244,18 @@ def persist_compile_cache(config: TrainConfig, checkpoint_dir: str | None) -> Pa
     return Path(os.environ[COMPILE_CACHE_ENV])
 
 
+def write_termination_message(path: str, step: int) -> None:
+    """Tells the operator the step and time of the save a preemption made
+    (contract.TERMINATION_MESSAGE_PATH); a container without the file (run
+    outside Kubernetes) goes without, as the save itself is what matters."""
+    saved = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    message = {contract.SAVED_CHECKPOINT_STEP: step, contract.SAVED_CHECKPOINT_TIME: saved}
+    try:
+        Path(path).write_text(json.dumps(message))
+    except OSError as err:
+        print(f"torchfleet-train: no termination message at {path}: {err}", file=sys.stderr)
+
+
 def seed_step(config: TrainConfig, step: int, runtime: Runtime) -> None:
     """Dropout randomness is a function of (seed, step, dp rank, pp rank): restored on
     resume by construction, and equal across TP ranks that hold replicated tensors.
@@ -377,6 +392,7 @@ class Trainer:
             grad_accum_steps=self.runtime.accum_steps,
         )
         start = self.resume()
+        self._serve_metrics()
         result = RunResult("completed", start, start)
         self.model.train()
         self._open_tensorboard(start)
@@ -395,6 +411,16 @@ class Trainer:
             self.checkpointer.wait()
             self.checkpointer.close()
         return result
+
+    def _serve_metrics(self) -> None:
+        """/metrics from here on, not before the resume: until then the step gauge
+        holds 0, and a scrape of it would take a resumed job's progress back to
+        the start (the checkpoint's step is what it shows from its first scrape)."""
+        if self.metrics is None:
+            return
+        port = self.metrics.serve(resolve_metrics_port(self.config, pod_contract()))
+        if self.runtime.is_logger and self.config.metrics.json_logs:
+            log_json("metrics", port=port)
 
     def _open_tensorboard(self, start: int) -> None:
         """Rank 0 only; after the resume, whose step decides what earlier files lose."""
@@ -434,6 +460,8 @@ class Trainer:
             if stopping:
                 result.status = "preempted" if saves else "preempted_unsaved"
                 self.log("preempted", step=step, saved=saves)
+                if saves and self.runtime.is_logger:
+                    write_termination_message(pod_contract().termination_message_path, step)
                 break
             began = time.perf_counter()
 
@@ -695,10 +723,7 @@ def run_worker(config: TrainConfig) -> RunResult:
         runtime = build_runtime(config)
         metrics = None
         if config.metrics.enabled and runtime.local_rank == 0:
-            metrics = TrainMetrics()
-            port = metrics.serve(resolve_metrics_port(config, pod_contract()))
-            if runtime.is_logger and config.metrics.json_logs:
-                log_json("metrics", port=port)
+            metrics = TrainMetrics()  # served once the run knows its step (Trainer.run)
         return Trainer(config, runtime, metrics).run()
     finally:
         dist.destroy_process_group()

@@ -1006,6 +1006,12 @@ class GangAccounting(StatusModel):
     checkpoint_seconds_before: float = Field(
         0, ge=0, description="Time blocked on checkpoint saves by the gangs before this one."
     )
+    ending: bool = Field(
+        False,
+        description="This gang ended and its master still runs: the save it may make in "
+        "its grace period decides the step the next gang resumes from, so its lost time and "
+        "the progress reset wait for it.",
+    )
 
 
 class TimeAccounting(StatusModel):

@@ -5,9 +5,11 @@ checkpoint (status.lastCheckpoint). Pure: the scrape arrives parsed
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.api import reasons as r
-from torchfleet_operator.observed import ObservedPod
+from torchfleet_operator.observed import ObservedPod, parse_time, timestamp
 from torchfleet_operator.planning import Pass
 from torchfleet_operator.status import progress as progress_status
 from torchfleet_operator.status.counts import nodes_ready, replica_statuses
@@ -33,9 +35,31 @@ def record_progress(step: Pass) -> None:
             step.status["progress"] = observed.progress
         elif progress_status.waits_for_a_later_second(observed.progress, shown, step.now):
             step.plan.wake_in(1.0)  # by then the poller holds a scrape a second newer
-    last = (step.status.get("lastCheckpoint") or {}).get("step")
-    if observed.checkpoint_step is not None and observed.checkpoint_step != last:
-        step.status["lastCheckpoint"] = {"step": observed.checkpoint_step, "time": step.stamp}
+    record_checkpoint(step)
+
+
+def record_checkpoint(step: Pass) -> None:
+    """status.lastCheckpoint: the newest save known. The master's /metrics shows
+    one when it is scraped (dated then); a trainer preempted after that scrape
+    reports the save it made in its grace period itself (dated when it saved).
+    Only a report newer than the one shown replaces it: the old gang's last
+    scrape, which the poller still holds, never takes back a later save."""
+    observed = step.observed
+    shown = step.status.get("lastCheckpoint")
+    shown = shown if isinstance(shown, dict) else {}
+    shown_at = parse_time(shown.get("time"))
+    reports: list[tuple[datetime, int]] = []
+    if observed.checkpoint_step is not None:
+        scraped = parse_time((observed.progress or {}).get("updateTime"))
+        reports.append((scraped or step.now, observed.checkpoint_step))
+    if observed.saved_checkpoint is not None:
+        reports.append((observed.saved_checkpoint.time, observed.saved_checkpoint.step))
+    for when, number in sorted(reports):  # the newest last: it wins
+        when = min(when.replace(microsecond=0), step.now)  # a pod's clock is not ours
+        if number != shown.get("step") and (shown_at is None or when > shown_at):
+            shown = {"step": number, "time": timestamp(when)}
+            shown_at = when
+            step.status["lastCheckpoint"] = shown
 
 
 def progress_complete(step: Pass) -> None:

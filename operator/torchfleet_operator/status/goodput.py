@@ -20,6 +20,9 @@ When a gang ends its steps since the last checkpoint are lost: their time is
 the gang's running time (less its saves) times the share of its observed
 steps that came after the checkpoint. A gang with no scrape showing a step
 loses nothing it could be blamed for (the figure is unknown, not zero work).
+While the ended gang's master still runs (preempted, it saves in its grace
+period) the gang is marked ending and settled only once the master is gone,
+against the newest save then known.
 
 To keep status writes rare, a pass that changes nothing else flushes only
 every FLUSH_SECONDS (a flush is a status write, whose watch event is a pass).
@@ -59,6 +62,12 @@ def _step(raw: Any) -> int | None:
     if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
         return None
     return raw
+
+
+def ending(previous: Any) -> bool:
+    """The stored account's gang ended and waits for its master's last save."""
+    gang = previous.get("gang") if isinstance(previous, dict) else None
+    return isinstance(gang, dict) and gang.get("ending") is True
 
 
 def fresh(start: datetime, checkpoint_step: int | None) -> dict[str, Any]:
@@ -113,6 +122,7 @@ def account(
     phase_before: str | None,
     phase_now: str | None,
     gang_ended: bool,
+    holding: bool = False,
     progress: dict[str, Any] | None,
     checkpoint_step: int | None,
     now: datetime,
@@ -121,6 +131,9 @@ def account(
 ) -> dict[str, Any] | None:
     """The account after this pass; ``previous`` itself when there is nothing to write.
 
+    ``gang_ended`` settles the gang that ended (its lost time is counted);
+    ``holding`` marks it ending instead: its master still runs, and the save it
+    may make decides what was lost, so settling waits for it.
     ``progress`` is this pass's, before any reset (its checkpointSaveSeconds
     is the gang's, its step the gang's last seen); ``checkpoint_step`` the
     newest complete checkpoint; ``created`` the job's creationTimestamp (a
@@ -138,6 +151,7 @@ def account(
     elapsed = (now - until).total_seconds()
     due = (
         gang_ended
+        or (holding and not ending(previous))
         or status_changed
         or phase_now != phase_before
         or phase_now in FINISHED
@@ -147,6 +161,8 @@ def account(
         return previous
     updated = _advanced(previous, phase_before, elapsed, now)
     gang = updated["gang"]
+    if holding:
+        gang["ending"] = True
     saving_now = min(
         _seconds((progress or {}).get("checkpointSaveSeconds")), _seconds(gang["runningSeconds"])
     )
@@ -182,6 +198,8 @@ def _advanced(
         "runningSeconds": _seconds(known.get("runningSeconds")),
         "checkpointSecondsBefore": _seconds(known.get("checkpointSecondsBefore")),
     }
+    if known.get("ending") is True:
+        gang["ending"] = True
     if bucket == "runningSeconds":
         gang["runningSeconds"] = _round(gang["runningSeconds"] + elapsed)
     updated["gang"] = gang

@@ -11,8 +11,9 @@ bad value in a merge patch gets the whole status write refused (422), phase
 and restartCount included. Derived figures (percent, ETA) are clamped.
 
 It also decides which progress is current: when a gang ends the status shows
-the step the next gang resumes from (``resumed``), and a scrape older than
-that, or taken before the gang ran, is the old gang's (``is_current``).
+the step the next gang resumes from (``resumed``), once the ended gang's
+master, which may still save, is gone (``held`` until then); a scrape older
+than that, or taken before the gang ran, is the old gang's (``is_current``).
 """
 
 from __future__ import annotations
@@ -136,6 +137,8 @@ def progress_from_metrics(text: str, now: str) -> tuple[dict[str, Any] | None, i
     if step is None:
         return None, None
     checkpoint = _bounded_int(gauges.get(CHECKPOINT_STEP), CheckpointStatus, "step")
+    # The gauge's initial 0 is "no checkpoint yet" (no save is of step 0), not a save.
+    checkpoint = checkpoint or None
     progress: dict[str, Any] = {"step": step, "updateTime": now}
     total = _bounded_int(gauges.get(TOTAL_STEPS), ProgressStatus, "total_steps")
     if total:  # 0 means "not known"
@@ -230,6 +233,18 @@ def resumed(
         reset["totalSteps"] = total
         reset["percent"] = _clamped_int(100 * step / total, ProgressStatus, "percent")
     return reset
+
+
+def held(progress: dict[str, Any] | None, now: str) -> dict[str, Any] | None:
+    """status.progress while an ended gang's master may still save: the last
+    step seen stays (the next gang resumes from that save or an earlier one,
+    so showing the older checkpoint now would go backwards and forward again);
+    the rates, loss and ETA go with the gang, its checkpoint time stays for
+    the accounting. Stamped, so the old gang's last scrape never comes back."""
+    if progress is None:
+        return None
+    kept = ("step", "totalSteps", "percent", "checkpointSaveSeconds")
+    return {k: progress[k] for k in kept if k in progress} | {"updateTime": now}
 
 
 def _eta_seconds(gauges: dict[str, float], step: int, total: int) -> int | None:

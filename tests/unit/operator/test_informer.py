@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from torchfleet_operator.build.labels import (
     ROLE_LABEL,
 )
 from torchfleet_operator.informer import PodIndex, parse_event, scopes
+from torchfleet_trainer import contract
 
 
 def pod(
@@ -53,6 +55,53 @@ def test_events_keep_one_summary_per_pod_and_name_the_job_they_concern():
     assert index.apply(event("DELETED", pod("a", node="n1"))) == ("team", "llm")
     assert ("team", "llm") not in index
     assert index.jobs_on_node("n1") == []
+
+
+def preempted(name: str, message: str) -> dict[str, Any]:
+    """A pod whose trainer container ended (143) with ``message``."""
+    terminated = {"exitCode": 143, "message": message, "finishedAt": "2026-01-01T12:01:44Z"}
+    return pod(
+        name,
+        phase="Failed",
+        containerStatuses=[{"name": "trainer", "state": {"terminated": terminated}}],
+    )
+
+
+def report(step: int, second: int) -> str:
+    return json.dumps(
+        {
+            contract.SAVED_CHECKPOINT_STEP: step,
+            contract.SAVED_CHECKPOINT_TIME: f"2026-01-01T12:01:{second:02d}Z",
+        }
+    )
+
+
+def test_a_preempted_trainers_save_outlives_its_pod_and_only_a_newer_one_replaces_it():
+    index = PodIndex()
+    job = ("team", "llm")
+    # Seen only in the DELETED event (no pass saw the pod end): kept, and the job woken.
+    assert index.apply(event("DELETED", preempted("a", report(139, 43)))) == job
+    assert (index.saved[job].step, index.saved[job].time.second) == (139, 43)
+    assert index.apply(event("DELETED", preempted("b", report(120, 40)))) is None  # older
+    index.replace([event("ADDED", preempted("c", report(150, 50)))], lambda _ns: True)
+    assert index.saved[job].step == 150
+    index.forget(job)
+    assert job not in index.saved
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "Traceback (most recent call last): ...",  # the kubelet's log tail
+        json.dumps({contract.SAVED_CHECKPOINT_STEP: -1, contract.SAVED_CHECKPOINT_TIME: "x"}),
+        json.dumps({contract.SAVED_CHECKPOINT_STEP: True, contract.SAVED_CHECKPOINT_TIME: "x"}),
+        json.dumps({contract.SAVED_CHECKPOINT_STEP: 5}),
+        json.dumps([5]),
+        "{" * 5000,
+    ],
+)
+def test_a_message_that_is_not_exactly_a_save_report_is_no_save(message):
+    assert parse_event("DELETED", preempted("a", message)).saved is None
 
 
 @pytest.mark.parametrize(

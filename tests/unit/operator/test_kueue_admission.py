@@ -13,9 +13,9 @@ from torchfleet_operator.build import workload as wl
 from torchfleet_operator.observed import Flavor, KueueView, ObservedWorkload
 from torchfleet_operator.policy import admission
 from torchfleet_operator.reconcile import plan
-from torchfleet_operator.status.conditions import find
+from torchfleet_operator.status.conditions import find, set_condition
 
-from .builders import CONFIG, at, gang, job, observed
+from .builders import CONFIG, at, gang, job, observed, stamp
 
 GPU_JOB = {
     "resources": {"gpus": 8, "cpu": 32, "memory": "256Gi"},
@@ -351,10 +351,15 @@ def test_evicted_with_no_pods_left_hands_the_quota_back():
 
 
 def test_readmitted_after_eviction_runs_the_same_generation_again():
-    status = {"phase": "Pending", "restartCount": 2, "disruptions": 1}
+    evicted = set_condition(None, "Evicted", True, "Preempted", "evicted by Kueue: x", stamp(10))
+    status = {"phase": "Pending", "restartCount": 2, "disruptions": 1, "conditions": evicted}
     p = plan(job(**QUEUED), observed(kueue=kueue(ADMITTED)), at(20), CONFIG, status=status)
     assert {m["metadata"]["labels"]["torchfleet.dev/restart"] for m in pods_of(p)} == {"2"}
     assert p.status["restartCount"] == 2
+    # Evicted=False says what is true now, not what the eviction said.
+    cleared = find(p.status["conditions"], "Evicted")
+    assert cleared["status"] == "False" and cleared["reason"] == "Admitted"
+    assert "evicted" not in cleared["message"] and "admitted" in cleared["message"]
 
 
 def test_a_finished_job_marks_its_workload_finished():

@@ -189,4 +189,40 @@ def test_the_latest_scrape_is_shown_for_a_running_gang(old_phase, shown):
     )
     reporting.record_progress(step)
     assert (step.status.get("progress") or {}).get("step") == shown
-    assert step.status["lastCheckpoint"] == {"step": 5, "time": stamp(2)}
+    assert step.status["lastCheckpoint"] == {"step": 5, "time": stamp(1)}  # when scraped
+
+
+SHOWN = {"step": 48, "time": stamp(50)}
+SAVED = {"step": 139, "time": stamp(60)}
+
+
+@pytest.mark.parametrize(
+    ("shown", "scraped", "saved", "expected"),
+    [
+        # The save a preempted trainer reported, after the last scrape: shown, dated when made.
+        (SHOWN, (48, 50), (139, 60), SAVED),
+        # The old gang's last scrape, still held by the poller, never takes it back.
+        (SAVED, (48, 55), (139, 60), SAVED),
+        # A newer gang's scrape of a later save wins over an older report.
+        (SAVED, (160, 90), (139, 60), {"step": 160, "time": stamp(90)}),
+        # A report no newer than what is shown changes nothing.
+        (SHOWN, None, (30, 40), SHOWN),
+        # A pod's clock ahead of ours: dated now, never in the future.
+        (SHOWN, None, (139, 500), {"step": 139, "time": stamp(100)}),
+    ],
+    ids=["grace-save", "stale-scrape", "newer-scrape", "older-report", "future-clock"],
+)
+def test_the_newest_save_known_is_the_last_checkpoint(shown, scraped, saved, expected):
+    from torchfleet_operator.observed import SavedCheckpoint
+
+    from .builders import at
+
+    progress = {"step": scraped[0], "updateTime": stamp(scraped[1])} if scraped else None
+    seen = observed(
+        progress=progress,
+        checkpoint_step=scraped[0] if scraped else None,
+        saved_checkpoint=SavedCheckpoint(saved[0], at(saved[1])),
+    )
+    step = a_pass(seen, running_status(phase="Suspended", lastCheckpoint=shown), now=100)
+    reporting.record_checkpoint(step)
+    assert step.status["lastCheckpoint"] == expected

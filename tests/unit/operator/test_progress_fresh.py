@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from torchfleet_operator.observed import Observed
+from torchfleet_operator.observed import Observed, SavedCheckpoint
 from torchfleet_operator.reconcile import plan
 from torchfleet_operator.status import goodput
 from torchfleet_operator.status.conditions import set_condition
@@ -35,14 +35,22 @@ def running(**extra: Any) -> dict[str, Any]:
     return running_status(conditions=conditions, progress=LAST_SCRAPE, **extra)
 
 
+HELD = {"step": 300, "totalSteps": 1000, "percent": 30, "checkpointSaveSeconds": 4.0}
+
+
 def restarted(checkpoint: dict[str, Any] | None) -> dict[str, Any]:
-    """The status of the pass that restarts the gang (pod 2 died) at t=100."""
+    """The status once the gang restarted at t=100 (pod 2 died) and its master,
+    which held the progress at its last step while it could still save, is gone."""
     failed = pod("llm", 2, phase="Failed", exit_code=137, reason="Error")
     status = running(lastCheckpoint=checkpoint) if checkpoint else running()
     seen = observed(*gang(**{failed.name: failed}), progress=LAST_SCRAPE)
     p = plan(job(), seen, at(100), CONFIG, status=status)
     assert p.status["phase"] == "Restarting" and p.status["restartCount"] == 1
-    return p.status
+    assert p.status["progress"] == HELD | {"updateTime": stamp(100)}
+    assert p.status["timeAccounting"]["gang"]["ending"] is True
+    gone = plan(job(), observed(progress=LAST_SCRAPE), at(100), CONFIG, status=p.status)
+    assert "ending" not in gone.status["timeAccounting"]["gang"]
+    return gone.status
 
 
 @pytest.mark.parametrize(
@@ -108,7 +116,8 @@ def test_the_percentage_goes_back_only_with_the_step() -> None:
         status = plan(job(), seen, at(t), CONFIG, status=status).status
         shown.append(status["progress"])
     steps = [p["step"] for p in shown]
-    assert steps == [300, 320, 250, 250, 250, 250, 260]
+    # 320 stays while the old master may still save; then the checkpoint's 250.
+    assert steps == [300, 320, 320, 250, 250, 250, 260]
     for before, after in itertools.pairwise(shown):
         if after["percent"] < before["percent"]:
             assert after["step"] < before["step"], (before, after)
@@ -118,7 +127,10 @@ def test_a_restart_is_counted_in_the_time_accounting() -> None:
     failed = pod("llm", 2, phase="Failed", exit_code=137, reason="Error")
     status = running(lastCheckpoint={"step": 200}, timeAccounting=goodput.fresh(at(0), None))
     seen = observed(*gang(**{failed.name: failed}), progress=LAST_SCRAPE)
-    account = plan(job(), seen, at(100), CONFIG, status=status).status["timeAccounting"]
+    ending = plan(job(), seen, at(100), CONFIG, status=status).status
+    assert ending["timeAccounting"]["recomputedSeconds"] == 0  # not before the master is gone
+    gone = observed(progress=LAST_SCRAPE)
+    account = plan(job(), gone, at(100), CONFIG, status=ending).status["timeAccounting"]
     assert account["wallSeconds"] == account["runningSeconds"] == 100
     # 300 steps in 100 s, 4 of them saving; the 100 steps past the checkpoint are lost.
     assert account["checkpointSeconds"] == 4
@@ -130,6 +142,9 @@ def test_suspending_a_running_gang_also_shows_the_step_it_will_resume_from() -> 
     status = running(lastCheckpoint={"step": 250})
     p = plan(job(suspend=True), observed(*gang(), progress=LAST_SCRAPE), at(100), CONFIG, status)
     assert p.status["phase"] == "Suspended"
+    assert p.status["progress"] == HELD | {"updateTime": stamp(100)}  # the master may save
+    gone = observed(progress=LAST_SCRAPE)
+    p = plan(job(suspend=True), gone, at(100), CONFIG, status=p.status)
     assert p.status["progress"] == {
         "step": 250,
         "totalSteps": 1000,
@@ -174,3 +189,41 @@ def test_new_figures_in_the_second_already_shown_get_a_second_look(
         assert shown.status["progress"] == later
     else:
         assert p.requeue_after is None or p.requeue_after > 1.0
+
+
+@pytest.mark.parametrize("master_seen_ending", [True, False], ids=["ended-pod", "pod-gone"])
+def test_a_save_in_the_grace_period_is_where_progress_resumes(master_seen_ending: bool) -> None:
+    """Preempted at t=100 with step 300 scraped and step 200 checkpointed, the
+    trainer saved step 310 in its grace period, after the last scrape. Its
+    termination message says so (kept even when the pod went before a pass saw
+    it end): progress never shows 200, nothing counts as recomputed, and the
+    checkpoint is dated when it was saved."""
+    status = running(
+        lastCheckpoint={"step": 200, "time": stamp(50)}, timeAccounting=goodput.fresh(at(0), None)
+    )
+    old_scrape = {"progress": LAST_SCRAPE, "checkpoint_step": 200}
+    suspend = plan(job(suspend=True), observed(*gang(), **old_scrape), at(100), CONFIG, status)
+    assert suspend.status["progress"]["step"] == 300  # held: the master may still save
+    saved = SavedCheckpoint(310, at(103))
+    master = pod("llm", 0, phase="Failed", exit_code=143, deleting=True)
+    pods = (master,) if master_seen_ending else ()
+    seen = observed(*pods, saved_checkpoint=saved, **old_scrape)
+    ended = plan(job(suspend=True), seen, at(104), CONFIG, status=suspend.status).status
+    assert ended["lastCheckpoint"] == {"step": 310, "time": stamp(103)}
+    assert ended["progress"] == {
+        "step": 310,
+        "totalSteps": 1000,
+        "percent": 31,
+        "updateTime": stamp(104),
+    }
+    assert ended["timeAccounting"]["recomputedSeconds"] == 0
+    # The passes after it, with the old gang's last scrape still held, change nothing back.
+    again = plan(
+        job(suspend=True),
+        observed(**old_scrape, saved_checkpoint=saved),
+        at(110),
+        CONFIG,
+        status=ended,
+    )
+    assert again.status["lastCheckpoint"] == ended["lastCheckpoint"]
+    assert again.status["progress"]["step"] == 310
