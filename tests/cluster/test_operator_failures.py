@@ -97,6 +97,7 @@ def looser_crd(cluster: Any) -> Iterator[None]:
 
 NOT_UNDERSTOOD = {"futureField": 1, "runPolicy": {"backoffLimit": -1}}
 TTL = 25
+COND = "SpecNotUnderstood"
 
 
 def _accepted(cluster: Any, manifest: dict[str, Any]) -> bool:
@@ -161,6 +162,25 @@ def test_a_spec_the_operator_no_longer_understands_neither_kills_nor_revives_job
         # The suspended one reports the problem and has no pods.
         held = job_driver.status(namespace, "held")
         assert held["phase"] == "Suspended" and not job_driver.pods(namespace, "held")
+
+        # Once the specs parse again they are reconciled again at once: the
+        # condition says so, the running gang is kept, the held job resumes.
+        understood = {"futureField": None, "runPolicy": {"backoffLimit": 3}}
+        job_driver.patch(namespace, "run", {"spec": understood})
+        job_driver.patch(namespace, "held", {"spec": understood | {"suspend": False}})
+        for name in ("run", "held"):
+            job_driver.wait_for(
+                f"{name} understood again",
+                lambda n=name: (
+                    (found := find(job_driver.status(namespace, n).get("conditions"), COND))
+                    and found["status"] == "False"
+                    and found["reason"] == "Understood"
+                ),
+            )
+        job_driver.wait_running_pods(namespace, "held", 2)
+        assert job_driver.status(namespace, "run")["phase"] == "Running"
+        live = {p["metadata"]["uid"] for p in job_driver.live_pods(namespace, "run")}
+        assert live == {p["metadata"]["uid"] for p in running}
 
 
 # ---- 3. disruptions, batches, admission failures ------------------------------------------
