@@ -68,33 +68,48 @@ def short_job(name: str, queue: str, priority: str) -> dict[str, Any]:
 
 class StatusWatch:
     """Every status the API server sends for one TrainingJob, from a watch in a
-    thread (one connection, not a poll): what a user running `kubectl get -w` sees."""
+    thread (one connection, not a poll): what a user running `kubectl get -w`
+    sees. A watch the API server ends (it does when a CRD is applied) resumes
+    from the last version seen, or lists again when that is gone."""
 
     def __init__(self, cluster: Any, namespace: str, name: str) -> None:
-        from kubernetes import client, watch
+        from kubernetes import client
 
         self.seen: list[dict[str, Any]] = []
-        self._watch = watch.Watch()
-        api = client.CustomObjectsApi(cluster.api_client())
-        stream = self._watch.stream(
-            api.list_namespaced_custom_object,
-            "torchfleet.dev",
-            "v1alpha1",
-            namespace,
-            "trainingjobs",
-            field_selector=f"metadata.name={name}",
-            timeout_seconds=1200,
-        )
-        self._thread = threading.Thread(target=self._follow, args=(stream,), daemon=True)
+        self._stopped = threading.Event()
+        self._api = client.CustomObjectsApi(cluster.api_client())
+        self._where = (namespace, name)
+        self._thread = threading.Thread(target=self._follow, daemon=True)
         self._thread.start()
 
-    def _follow(self, stream: Any) -> None:
-        for event in stream:
-            self.seen.append(copy.deepcopy(event["object"].get("status") or {}))
+    def _follow(self) -> None:
+        from kubernetes import watch
+
+        version: str | None = None
+        while not self._stopped.is_set():
+            stream = watch.Watch().stream(
+                self._api.list_namespaced_custom_object,
+                "torchfleet.dev",
+                "v1alpha1",
+                self._where[0],
+                "trainingjobs",
+                field_selector=f"metadata.name={self._where[1]}",
+                resource_version=version,
+                timeout_seconds=30,
+            )
+            try:
+                for event in stream:
+                    if event["type"] == "ERROR":  # 410 Gone: list again
+                        version = None
+                        break
+                    version = event["object"]["metadata"]["resourceVersion"]
+                    self.seen.append(copy.deepcopy(event["object"].get("status") or {}))
+            except Exception:  # the connection ended: resume from the last version
+                time.sleep(0.2)
 
     def stop(self) -> list[dict[str, Any]]:
-        self._watch.stop()
-        return self.seen
+        self._stopped.set()
+        return list(self.seen)
 
 
 def test_preempted_job_resumes_at_the_step_it_was_preempted(

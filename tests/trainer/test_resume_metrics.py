@@ -77,5 +77,5 @@ def test_a_fresh_trainer_shows_step_zero_and_no_rates_until_it_steps(
     text = scraped_at_first_step(trainer(tmp_path, steps=4), monkeypatch)
 
     progress, checkpoint = progress_from_metrics(text, NOW)
-    assert checkpoint == 0  # the gauge's 0: no checkpoint yet
+    assert checkpoint is None  # the gauge's 0 is no checkpoint yet, not a save of step 0
     assert progress == {"step": 0, "totalSteps": 4, "percent": 0} | NO_TIME_BLOCKED_YET

@@ -273,11 +273,18 @@ class Trainer:
     """Owns the model, optimizers, data, checkpoints and metrics of one run."""
 
     def __init__(
-        self, config: TrainConfig, runtime: Runtime, metrics: TrainMetrics | None = None
+        self,
+        config: TrainConfig,
+        runtime: Runtime,
+        metrics: TrainMetrics | None = None,
+        metrics_port: int | None = None,
     ) -> None:
+        """``metrics`` are served on ``metrics_port`` (when given) once the run
+        has resumed."""
         self.config = config
         self.runtime = runtime
         self.metrics = metrics
+        self.metrics_port = metrics_port
         training = config.training
         self.corpus = load_corpus(
             config.data, config.model.vocab_size, training.seed, training.eval_interval > 0
@@ -416,9 +423,9 @@ class Trainer:
         """/metrics from here on, not before the resume: until then the step gauge
         holds 0, and a scrape of it would take a resumed job's progress back to
         the start (the checkpoint's step is what it shows from its first scrape)."""
-        if self.metrics is None:
+        if self.metrics is None or self.metrics_port is None:
             return
-        port = self.metrics.serve(resolve_metrics_port(self.config, pod_contract()))
+        port = self.metrics.serve(self.metrics_port)
         if self.runtime.is_logger and self.config.metrics.json_logs:
             log_json("metrics", port=port)
 
@@ -721,9 +728,9 @@ def run_worker(config: TrainConfig) -> RunResult:
     init_distributed(config)
     try:
         runtime = build_runtime(config)
-        metrics = None
-        if config.metrics.enabled and runtime.local_rank == 0:
-            metrics = TrainMetrics()  # served once the run knows its step (Trainer.run)
-        return Trainer(config, runtime, metrics).run()
+        if not (config.metrics.enabled and runtime.local_rank == 0):
+            return Trainer(config, runtime).run()
+        port = resolve_metrics_port(config, pod_contract())
+        return Trainer(config, runtime, TrainMetrics(), port).run()
     finally:
         dist.destroy_process_group()
