@@ -26,7 +26,9 @@ def free_port() -> int:
 class TrainerProcess:
     """``python -m torchfleet_trainer.main`` in its own session, stdout parsed as events."""
 
-    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, args: list[str], env: dict[str, str] | None = None, cpus: set[int] | None = None
+    ) -> None:
         full_env = trainer_env()
         full_env.update(env or {})
         self.proc = subprocess.Popen(
@@ -37,6 +39,10 @@ class TrainerProcess:
             text=True,
             start_new_session=True,
         )
+        if cpus:
+            # Before the interpreter has started a thread: every thread it starts
+            # (torch's, gloo's) inherits the main thread's cores.
+            os.sched_setaffinity(self.proc.pid, cpus)
         self.events: list[dict[str, Any]] = []
         self._queue: Queue[dict[str, Any] | None] = Queue()
         self.stderr = ""

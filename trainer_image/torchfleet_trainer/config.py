@@ -453,6 +453,52 @@ class TensorBoardConfig(_Section):
     )
 
 
+class PreflightConfig(_Section):
+    """A short check of every rank before training: matmul throughput and all-reduce."""
+
+    enabled: bool = Field(
+        False,
+        description="Before the first step of each gang of two or more processes, measure "
+        "each process's matmul throughput (bf16 on GPU, fp32 on CPU) and the gang's "
+        "all-reduce bus bandwidth on its own backend; report a node below "
+        "minMatmulFraction of the median node, and fail the gang if a collective fails or "
+        "times out. Adds a few seconds to every gang start.",
+    )
+    matmul_size: int | None = Field(
+        None,
+        ge=64,
+        le=32768,
+        description="Side of the square matmul each process repeats; defaults to 4096 on "
+        "GPU, 512 on CPU.",
+    )
+    matmul_seconds: float = Field(
+        1.0, gt=0.0, le=60.0, description="Seconds each process repeats the matmul for."
+    )
+    min_matmul_fraction: float = Field(
+        0.8,
+        gt=0.0,
+        le=1.0,
+        description="A node whose slowest process's matmul throughput is below this "
+        "fraction of the median node's is reported.",
+    )
+    allreduce_mebibytes: int | None = Field(
+        None,
+        ge=1,
+        le=16384,
+        description="Size of the all-reduced buffer in MiB; defaults to 256 on GPU, 16 on CPU.",
+    )
+    allreduce_iterations: int = Field(
+        5, ge=1, le=1000, description="Timed all-reduces (after one warm-up)."
+    )
+    timeout_seconds: float = Field(
+        60.0,
+        gt=0.0,
+        le=3600.0,
+        description="A collective of the check that has not completed after this many "
+        "seconds fails the gang (exit code 201) instead of hanging it.",
+    )
+
+
 class TrainConfig(_Section):
     """Everything torchfleet-train needs; `{}` is a valid (synthetic, small) config."""
 
@@ -478,6 +524,10 @@ class TrainConfig(_Section):
     )
     tensorboard: TensorBoardConfig = Field(
         default_factory=TensorBoardConfig, description="TensorBoard event files."
+    )
+    preflight: PreflightConfig = Field(
+        default_factory=PreflightConfig,
+        description="A check of every node's compute and the gang's collectives before training.",
     )
 
     @model_validator(mode="after")

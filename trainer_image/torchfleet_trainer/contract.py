@@ -20,6 +20,7 @@ API's names (``spec.nodes``, ``spec.processesPerNode``) on both sides.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -398,3 +399,59 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise ContractError(f"{name} must be an integer, got {raw!r}") from None
+
+
+# ---- node health (issue 30) ------------------------------------------------------------
+# The name of the Kubernetes node the pod runs on, for the trainer's per-node series.
+# The operator sets it from the downward API (valueFrom.fieldRef: spec.nodeName);
+# without it the trainer names a node by its host name (in a pod: the pod's name).
+NODE_NAME = "TORCHFLEET_NODE_NAME"
+
+# Rank 0's per-node series, one sample per node of the gang, labelled with the
+# node's rank and name: the mean seconds per step its slowest process spent
+# computing (apart from waiting on its peers in collectives) over the last log
+# interval, and that over the median of the gang's nodes (1.0 = typical; a
+# straggler's is above 1).
+METRIC_NODE_COMPUTE_SECONDS = "torchfleet_train_node_compute_seconds"
+METRIC_NODE_STRAGGLER_SCORE = "torchfleet_train_node_straggler_score"
+LABEL_NODE_RANK = "node_rank"
+LABEL_NODE = "node"
+
+# What the trainer is doing now: one sample per phase, labelled phase, 1 for the
+# current one and 0 for the others, and the Unix time the current one began. A
+# step counter that stands still in "eval" or "checkpoint" is no hang.
+METRIC_PHASE = "torchfleet_train_phase"
+METRIC_PHASE_STARTED = "torchfleet_train_phase_started_timestamp_seconds"
+LABEL_PHASE = "phase"
+PHASE_STARTING = "starting"  # process group, model, data, resuming a checkpoint
+PHASE_PREFLIGHT = "preflight"
+PHASE_TRAIN = "train"
+PHASE_EVAL = "eval"
+PHASE_CHECKPOINT = "checkpoint"  # a save that blocks the loop
+PHASE_DONE = "done"
+PHASES = (
+    PHASE_STARTING,
+    PHASE_PREFLIGHT,
+    PHASE_TRAIN,
+    PHASE_EVAL,
+    PHASE_CHECKPOINT,
+    PHASE_DONE,
+)
+
+# The preflight check's figures (rank 0's /metrics): per node, its slowest
+# process's matmul throughput, that over the gang's median, and whether it
+# passed (1) or fell below preflight.minMatmulFraction (0); for the gang, the
+# all-reduce bus bandwidth (nccl-tests' busbw: bytes x 2(n-1)/n per second),
+# whether every node and collective passed, and how long the check took.
+METRIC_PREFLIGHT_MATMUL_FLOPS = "torchfleet_preflight_matmul_flops_per_second"
+METRIC_PREFLIGHT_MATMUL_RATIO = "torchfleet_preflight_matmul_median_ratio"
+METRIC_PREFLIGHT_NODE_PASSED = "torchfleet_preflight_node_passed"
+METRIC_PREFLIGHT_BUS_BANDWIDTH = "torchfleet_preflight_allreduce_bus_bytes_per_second"
+METRIC_PREFLIGHT_PASSED = "torchfleet_preflight_passed"
+METRIC_PREFLIGHT_SECONDS = "torchfleet_preflight_seconds"
+
+
+def node_name(env: Mapping[str, str] | None = None) -> str:
+    """The node this process runs on: $TORCHFLEET_NODE_NAME, else the host name."""
+    env = os.environ if env is None else env
+    return env.get(NODE_NAME) or socket.gethostname()

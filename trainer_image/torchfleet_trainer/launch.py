@@ -44,6 +44,10 @@ OUTCOME_GLOB = "rank-*.exit"
 # Too many consecutive non-finite steps (training.maxNonFiniteSteps): a
 # permanent failure under the operator's ExitCode policy.
 EXIT_DIVERGED = 3
+# A collective of the preflight check failed or timed out (preflight.enabled): a
+# node or link of this gang is at fault, not the program; >= 128 like
+# EXIT_PREEMPTED_UNSAVED, so the operator's ExitCode policy retries it.
+EXIT_PREFLIGHT_FAILED = 201
 
 # The c10d rendezvous's timeouts (seconds) unless PET_RDZV_CONF sets them.
 # A lost node is declared dead after keep_alive_interval x keep_alive_max_attempt
@@ -200,6 +204,7 @@ def train(config: TrainConfig) -> int:
     """Trains in this process; the exit code its outcome calls for."""
     # Deferred: a launcher whose workers train never needs the training stack
     # (seconds of imports, paid again by every elastic agent before it joins).
+    from torchfleet_trainer.preflight import PreflightFailed
     from torchfleet_trainer.train import TrainingDiverged, run_worker
 
     try:
@@ -207,6 +212,9 @@ def train(config: TrainConfig) -> int:
     except TrainingDiverged as err:
         print(f"torchfleet-train: {err}", file=sys.stderr)
         return EXIT_DIVERGED
+    except PreflightFailed as err:
+        print(f"torchfleet-train: preflight: {err}", file=sys.stderr)
+        return EXIT_PREFLIGHT_FAILED
 
 
 def exit_code(status: str) -> int:

@@ -62,7 +62,61 @@ class TrainMetrics:
             "Steps whose loss or gradient norm was NaN or infinite (their update was skipped).",
             registry=self.registry,
         )
+        node_labels = (contract.LABEL_NODE_RANK, contract.LABEL_NODE)
+
+        def per_node(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, node_labels, registry=self.registry)
+
+        self.node_compute_seconds = per_node(
+            contract.METRIC_NODE_COMPUTE_SECONDS,
+            "Mean seconds per step the node's slowest process spent computing (not waiting "
+            "on its peers) over the last log interval. Rank 0 only.",
+        )
+        self.node_straggler_score = per_node(
+            contract.METRIC_NODE_STRAGGLER_SCORE,
+            "The node's compute seconds over the median node's (1 = typical). Rank 0 only.",
+        )
+        self.phase = Gauge(
+            contract.METRIC_PHASE,
+            "1 for the phase the trainer is in, 0 for the others.",
+            (contract.LABEL_PHASE,),
+            registry=self.registry,
+        )
+        self.phase_started = gauge(
+            contract.METRIC_PHASE_STARTED, "Unix time the current phase began."
+        )
+        self.set_phase(contract.PHASE_STARTING)
+        self.preflight_matmul_flops = per_node(
+            contract.METRIC_PREFLIGHT_MATMUL_FLOPS,
+            "Preflight: matmul FLOP/s of the node's slowest process. Rank 0 only.",
+        )
+        self.preflight_matmul_ratio = per_node(
+            contract.METRIC_PREFLIGHT_MATMUL_RATIO,
+            "Preflight: the node's matmul FLOP/s over the median node's. Rank 0 only.",
+        )
+        self.preflight_node_passed = per_node(
+            contract.METRIC_PREFLIGHT_NODE_PASSED,
+            "Preflight: 1 if the node reached preflight.minMatmulFraction of the median, "
+            "else 0. Rank 0 only.",
+        )
+        self.preflight_bus_bandwidth = gauge(
+            contract.METRIC_PREFLIGHT_BUS_BANDWIDTH,
+            "Preflight: all-reduce bus bandwidth of the gang (bytes x 2(n-1)/n per second).",
+        )
+        self.preflight_passed = gauge(
+            contract.METRIC_PREFLIGHT_PASSED,
+            "Preflight: 1 if every node and collective passed, else 0.",
+        )
+        self.preflight_seconds = gauge(
+            contract.METRIC_PREFLIGHT_SECONDS, "Preflight: seconds the check took."
+        )
         self.port: int | None = None
+
+    def set_phase(self, phase: str) -> None:
+        """Marks ``phase`` current (one of contract.PHASES) and when it began."""
+        for each in contract.PHASES:
+            self.phase.labels(each).set(1.0 if each == phase else 0.0)
+        self.phase_started.set(time.time())
 
     def serve(self, port: int) -> int:
         """Starts /metrics; returns the bound port (useful with port 0)."""

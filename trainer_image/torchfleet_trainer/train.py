@@ -8,7 +8,8 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -45,8 +46,17 @@ from torchfleet_trainer.distributed.materialize import (
 )
 from torchfleet_trainer.distributed.parallel_dims import ParallelDims
 from torchfleet_trainer.distributed.parallelize import ParallelModel, parallelize
+from torchfleet_trainer.health import (
+    ComputeClock,
+    GangNode,
+    gather_floats,
+    gather_gang_nodes,
+    node_rank_of,
+    per_node,
+)
 from torchfleet_trainer.metrics import TrainMetrics, flops_per_token, log_json, mfu_peak_tflops
 from torchfleet_trainer.models import build_model
+from torchfleet_trainer.preflight import publish, run_preflight
 from torchfleet_trainer.schedule import lr_at
 from torchfleet_trainer.tensorboard import TensorBoardLog
 
@@ -278,6 +288,7 @@ class Trainer:
         runtime: Runtime,
         metrics: TrainMetrics | None = None,
         metrics_port: int | None = None,
+        gang: list[GangNode] | None = None,
     ) -> None:
         """``metrics`` are served on ``metrics_port`` (when given) once the run
         has resumed."""
@@ -285,6 +296,9 @@ class Trainer:
         self.runtime = runtime
         self.metrics = metrics
         self.metrics_port = metrics_port
+        # Each process's node, by global rank (run_worker's, where preflight gathered it).
+        self.gang = gang or gang_nodes(runtime)
+        self.clock = ComputeClock.for_device(runtime.device)
         training = config.training
         self.corpus = load_corpus(
             config.data, config.model.vocab_size, training.seed, training.eval_interval > 0
@@ -373,7 +387,8 @@ class Trainer:
         if self.checkpointer is None:
             return 0
         state = self.train_state(0)
-        loaded = self.checkpointer.load_latest(state)
+        with self.phase(contract.PHASE_CHECKPOINT, then=contract.PHASE_STARTING):
+            loaded = self.checkpointer.load_latest(state)
         if loaded is None:
             return 0
         step, seconds = loaded
@@ -403,6 +418,7 @@ class Trainer:
         result = RunResult("completed", start, start)
         self.model.train()
         self._open_tensorboard(start)
+        self.set_phase(contract.PHASE_TRAIN)
         try:
             self._loop(start, result)
         except TrainingDiverged:
@@ -415,8 +431,10 @@ class Trainer:
             if self.tensorboard:
                 self.tensorboard.close()
         if self.checkpointer:
-            self.checkpointer.wait()
-            self.checkpointer.close()
+            with self.phase(contract.PHASE_CHECKPOINT, then=contract.PHASE_DONE):
+                self.checkpointer.wait()
+                self.checkpointer.close()
+        self.set_phase(contract.PHASE_DONE)
         return result
 
     def _serve_metrics(self) -> None:
@@ -428,6 +446,19 @@ class Trainer:
         port = self.metrics.serve(self.metrics_port)
         if self.runtime.is_logger and self.config.metrics.json_logs:
             log_json("metrics", port=port)
+
+    def set_phase(self, phase: str) -> None:
+        if self.metrics:
+            self.metrics.set_phase(phase)
+
+    @contextmanager
+    def phase(self, phase: str, then: str = contract.PHASE_TRAIN) -> Iterator[None]:
+        """In ``phase`` while the block runs, then in ``then``."""
+        self.set_phase(phase)
+        try:
+            yield
+        finally:
+            self.set_phase(then)
 
     def _open_tensorboard(self, start: int) -> None:
         """Rank 0 only; after the resume, whose step decides what earlier files lose."""
@@ -449,12 +480,16 @@ class Trainer:
         cfg = self.config.training
         pending: list[StepOutcome] = []
         began = time.perf_counter()
+        self.clock.steps_begin()
         for step in range(start + 1, cfg.steps + 1):
             pending.append(self._step(step))
             if not self._settles_at(step):
                 continue
+            self.clock.steps_end(len(pending))
             finite = self._settle(pending, time.perf_counter() - began, result)
             pending = []
+            if self._logs_at(step):
+                self._report_nodes()
             # Before evaluating: a preempted pod's grace period goes to the save.
             stopping = self.stop.agreed(self.runtime)
             if not stopping and self._evaluates_at(step):
@@ -471,6 +506,7 @@ class Trainer:
                     write_termination_message(pod_contract().termination_message_path, step)
                 break
             began = time.perf_counter()
+            self.clock.steps_begin()
 
     def _step(self, step: int) -> StepOutcome:
         """One optimizer step, with no host sync: a non-finite loss or gradient norm
@@ -487,10 +523,12 @@ class Trainer:
         # This rank's rows of the step's global batch, in accumulation chunks.
         batch_inputs, batch_targets = self._train_batch(cfg.global_batch_size)
         chunks = zip(batch_inputs.chunk(accum), batch_targets.chunk(accum), strict=True)
+        self.clock.section_begins()
         for index, (inputs, targets) in enumerate(chunks):
             last = index == accum - 1
             micro = self.model.forward_backward(inputs, targets, 1 / accum, sync_grads=last)
             loss += micro / accum
+        self.clock.section_ends()
         grad_norm = clip_grad_norm(self.model, self.config.optimizer.grad_clip, self.runtime)
         mean_loss = mean_over_data_parallel(loss, self.runtime)
         # Both values are reduced over every rank, so all ranks decide alike.
@@ -499,19 +537,19 @@ class Trainer:
         if self.checkpointer:
             # An async save may still be copying the parameters this step updates.
             self.checkpointer.wait_for_staging()
+        self.clock.section_begins()
         for opt in self.optimizers:
             opt.found_inf = skip  # type: ignore[attr-defined]
             opt.step()
+        self.clock.section_ends()
         return StepOutcome(step, lr, mean_loss, grad_norm, finite)
 
     def _settles_at(self, step: int) -> bool:
         """Steps whose results the host needs: logged, evaluated, checkpointed or last;
         a lone process also stops at once (it has no peers to agree with)."""
-        cfg = self.config.training
         checkpoints = self.checkpointer is not None and step % self.config.checkpoint.interval == 0
         return (
-            step % cfg.log_interval == 0
-            or step == cfg.steps
+            self._logs_at(step)
             or self._evaluates_at(step)
             or checkpoints
             or (self.runtime.world_size == 1 and self.stop.requested)
@@ -533,6 +571,22 @@ class Trainer:
             self._report(record)
             self.non_finite.observe(outcome.step, finite == 1.0, loss, grad_norm)
         return bool(values[-1][2] == 1.0)
+
+    def _logs_at(self, step: int) -> bool:
+        cfg = self.config.training
+        return step % cfg.log_interval == 0 or step == cfg.steps
+
+    def _report_nodes(self) -> None:
+        """Every rank's compute seconds per step over the interval to rank 0, which
+        exports them per node with the node's straggler score (one all-gather)."""
+        seconds = self.clock.per_step() or 0.0
+        values = gather_floats(seconds, self.runtime.world_size, self.runtime.device)
+        if not (self.runtime.is_logger and self.metrics):
+            return
+        for figure in per_node(values, self.gang, slowest_is_highest=True):
+            labels = (str(figure.node.rank), figure.node.name)
+            self.metrics.node_compute_seconds.labels(*labels).set(figure.value)
+            self.metrics.node_straggler_score.labels(*labels).set(figure.median_ratio)
 
     def _evaluates_at(self, step: int) -> bool:
         every, last = self.config.training.eval_interval, self.config.training.steps
@@ -558,7 +612,8 @@ class Trainer:
     def save(self, step: int, final: bool) -> None:
         assert self.checkpointer is not None
         # The last save before exiting must finish, so it is never asynchronous.
-        seconds = self.checkpointer.save(step, self.train_state(step), force_sync=final)
+        with self.phase(contract.PHASE_CHECKPOINT):
+            seconds = self.checkpointer.save(step, self.train_state(step), force_sync=final)
         if self.metrics:
             self.metrics.checkpoint_save_seconds.observe(seconds)
         if self.tensorboard:
@@ -570,12 +625,13 @@ class Trainer:
         """Mean loss over the same evalBatches validation batches every time: kept on
         the device, their losses summed there and read with one sync."""
         self.model.train(False)
-        total = torch.zeros((), device=self.runtime.device)
-        for inputs, targets in self._validation_chunks():
-            total += self.model.eval_loss(inputs, targets).float()
+        with self.phase(contract.PHASE_EVAL):
+            total = torch.zeros((), device=self.runtime.device)
+            for inputs, targets in self._validation_chunks():
+                total += self.model.eval_loss(inputs, targets).float()
+            chunks = self.config.training.eval_batches * self.runtime.accum_steps
+            loss = float(mean_over_data_parallel(total, self.runtime)) / chunks
         self.model.train(True)
-        chunks = self.config.training.eval_batches * self.runtime.accum_steps
-        loss = float(mean_over_data_parallel(total, self.runtime)) / chunks
         if self.metrics:
             self.metrics.eval_loss.set(loss)
         if self.tensorboard:
@@ -614,7 +670,7 @@ class Trainer:
             if peak_memory is not None:
                 m.gpu_memory.set(peak_memory)
         step = int(record["step"])
-        if step % self.config.training.log_interval == 0 or step == self.config.training.steps:
+        if self._logs_at(step):
             # Significant digits: a small model's MFU is far below 1e-4.
             extra = {"mfu": significant(mfu, 4)} if mfu is not None else {}
             self.log("step", **record, tokens_per_second=round(tokens_per_second, 1), **extra)
@@ -723,14 +779,44 @@ def init_distributed(config: TrainConfig) -> None:
         dist.init_process_group(backend)
 
 
+def gang_nodes(runtime: Runtime) -> list[GangNode]:
+    """Each process's node (rank and name), by global rank."""
+    pod = pod_contract()
+    local_world = pod.process.local_world_size if pod.process else 1
+    me = GangNode(node_rank_of(pod, runtime.rank, local_world), contract.node_name())
+    return gather_gang_nodes(me, runtime.world_size)
+
+
+def check_gang(
+    config: TrainConfig, runtime: Runtime, gang: list[GangNode], metrics: TrainMetrics | None
+) -> None:
+    """The preflight check (raises PreflightFailed on a failed collective); rank 0
+    publishes what it found."""
+    if metrics:
+        metrics.set_phase(contract.PHASE_PREFLIGHT)
+    report = run_preflight(config.preflight, runtime, gang)
+    if runtime.is_logger:
+        publish(report, metrics, log_json if config.metrics.json_logs else _no_log)
+    if metrics:
+        metrics.set_phase(contract.PHASE_STARTING)
+
+
+def _no_log(event: str, **fields: Any) -> None:
+    """A log that writes nothing (metrics.jsonLogs off)."""
+
+
 def run_worker(config: TrainConfig) -> RunResult:
     """One training process: process group, metrics server, loop, clean shutdown."""
     init_distributed(config)
     try:
         runtime = build_runtime(config)
-        if not (config.metrics.enabled and runtime.local_rank == 0):
-            return Trainer(config, runtime).run()
-        port = resolve_metrics_port(config, pod_contract())
-        return Trainer(config, runtime, TrainMetrics(), port).run()
+        metrics = None
+        if config.metrics.enabled and runtime.local_rank == 0:
+            metrics = TrainMetrics()  # served once the run has resumed (Trainer.run)
+        gang = gang_nodes(runtime)
+        if config.preflight.enabled and runtime.world_size > 1:
+            check_gang(config, runtime, gang, metrics)
+        port = resolve_metrics_port(config, pod_contract()) if metrics else None
+        return Trainer(config, runtime, metrics, port, gang).run()
     finally:
         dist.destroy_process_group()

@@ -1,0 +1,124 @@
+"""A gang of three one-process "nodes", started with the environment the operator
+gives pods (each its own node name): rank 0 runs the preflight and exports every
+node's figures by name, then every node's compute time and straggler score, and
+the phase it is in.
+
+Not covered yet (see the branch's report): a node made really slow on this
+two-core machine being named. Busy processes sharing one rank's core did not
+make it measurably slower here, in preflight's matmuls or in training: the
+scheduler gives a thread that sleeps between bursts most of its core, and the
+two other ranks, sharing the other core, contend in lockstep.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from tests.trainer.cli_process import TrainerProcess, free_port
+from tests.trainer.test_shakespeare_metrics import scrape
+from torchfleet_trainer import contract
+
+pytestmark = pytest.mark.trainer
+
+NODES = 3
+LOG_INTERVAL = 5
+MIN_FRACTION = 0.8  # preflight.minMatmulFraction's default
+CONFIG = {
+    "model": {"architecture": "gpt", "layers": 2, "heads": 4, "dim": 128, "maxSeqLen": 64},
+    "data": {"kind": "synthetic", "seqLen": 64},
+    "parallel": {"dataParallelReplicate": 3, "dataParallelShard": 1},
+    "training": {
+        "steps": 100000,
+        "globalBatchSize": 24,
+        "evalInterval": 0,
+        "logInterval": LOG_INTERVAL,
+    },
+    "checkpoint": {"enabled": False},
+    "tensorboard": {"enabled": False},
+    "metrics": {"port": 0},
+    "preflight": {"enabled": True, "allreduceMebibytes": 4, "allreduceIterations": 3},
+}
+
+
+def node_name(rank: int) -> str:
+    return f"node-{rank}"
+
+
+def pod_env(rank: int, master_port: int) -> dict[str, str]:
+    """What the operator sets on node ``rank``'s pod (one process per pod)."""
+    pod = contract.PodContract(
+        job_name="health",
+        namespace="default",
+        master_addr="127.0.0.1",
+        master_port=master_port,
+        nodes=NODES,
+        node_rank=rank,
+        processes_per_node=1,
+        train_config=json.dumps(CONFIG),
+    )
+    return pod.to_env() | {contract.NODE_NAME: node_name(rank)}
+
+
+@pytest.fixture
+def two_cores() -> tuple[int, int]:
+    cores = sorted(os.sched_getaffinity(0))
+    assert len(cores) >= 2, f"needs two cores to share out, has {cores}"
+    return cores[0], cores[1]
+
+
+def node_series(samples: dict[str, float], metric: str) -> dict[str, float]:
+    """``metric``'s samples by their node label."""
+    found = {}
+    for name, value in samples.items():
+        if name.startswith(metric + "{"):
+            labels = dict(
+                pair.split("=", 1) for pair in name[len(metric) + 1 : -1].split(",") if pair
+            )
+            found[labels[contract.LABEL_NODE].strip('"')] = value
+    return found
+
+
+def test_rank_zero_exports_preflight_and_compute_figures_by_node(
+    two_cores: tuple[int, int],
+) -> None:
+    shared, other = two_cores
+    port = free_port()
+    gang = [
+        TrainerProcess([], pod_env(rank, port), cpus={other if rank == NODES - 1 else shared})
+        for rank in range(NODES)
+    ]
+    try:
+        metrics_port = gang[0].wait_for(lambda e: e["event"] == "metrics", timeout=120)["port"]
+        preflight = gang[0].wait_for(lambda e: e["event"] == "preflight", timeout=120)
+        gang[0].wait_for(lambda e: e["event"] == "step" and e["step"] >= 3 * LOG_INTERVAL, 120)
+        samples = scrape(metrics_port)
+    finally:
+        for node in gang:
+            os.killpg(node.proc.pid, signal.SIGKILL)
+            node.proc.wait()
+
+    names = {node_name(r) for r in range(NODES)}
+    assert {n["node"] for n in preflight["nodes"]} == names, preflight
+    assert preflight["allreduce_bus_gbps"] > 0, preflight
+    flops = node_series(samples, contract.METRIC_PREFLIGHT_MATMUL_FLOPS)
+    ratios = node_series(samples, contract.METRIC_PREFLIGHT_MATMUL_RATIO)
+    passed = node_series(samples, contract.METRIC_PREFLIGHT_NODE_PASSED)
+    assert set(flops) == set(ratios) == set(passed) == names, samples
+    assert all(value > 0 for value in flops.values()), flops
+    # Each node passed exactly when it reached the fraction of the median node.
+    assert passed == {n: float(r >= MIN_FRACTION) for n, r in ratios.items()}, (ratios, passed)
+    assert samples[contract.METRIC_PREFLIGHT_PASSED] == float(all(passed.values()))
+    assert samples[contract.METRIC_PREFLIGHT_BUS_BANDWIDTH] > 0
+
+    scores = node_series(samples, contract.METRIC_NODE_STRAGGLER_SCORE)
+    compute = node_series(samples, contract.METRIC_NODE_COMPUTE_SECONDS)
+    assert set(scores) == set(compute) == {node_name(r) for r in range(NODES)}, samples
+    assert all(seconds > 0 for seconds in compute.values()), compute
+    # Scores are over the median node: with three nodes, one of them is the median.
+    assert sorted(scores.values())[1] == 1.0, scores
+    phase = f'{contract.METRIC_PHASE}{{{contract.LABEL_PHASE}="{contract.PHASE_TRAIN}"}}'
+    assert samples[phase] == 1
