@@ -92,8 +92,9 @@ def test_rank_zero_exports_preflight_and_compute_figures_by_node(
         for rank in range(NODES)
     ]
     try:
-        metrics_port = gang[0].wait_for(lambda e: e["event"] == "metrics", timeout=120)["port"]
+        # The preflight runs first; /metrics is served once the run has resumed.
         preflight = gang[0].wait_for(lambda e: e["event"] == "preflight", timeout=120)
+        metrics_port = gang[0].wait_for(lambda e: e["event"] == "metrics", timeout=120)["port"]
         gang[0].wait_for(lambda e: e["event"] == "step" and e["step"] >= 3 * LOG_INTERVAL, 120)
         samples = scrape(metrics_port)
     finally:
