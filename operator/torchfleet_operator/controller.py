@@ -112,6 +112,7 @@ class Controller:
         self.queue: WorkQueue[JobKey] = WorkQueue()
         self.phases = metrics.PhaseTracker()
         self.goodput = metrics.GoodputTracker()
+        self.health = metrics.HealthTracker()
         # One thread per worker. (asyncio.to_thread's shared default pool has
         # cpu_count + 4 threads: 6 on a 2-core node, silently capping `workers`.)
         self._passes = ThreadPoolExecutor(config.workers, thread_name_prefix="reconcile")
@@ -156,6 +157,7 @@ class Controller:
         self._api_failures.pop(key, None)
         self.phases.forget(key)
         self.goodput.forget(key)
+        self.health.forget(key)
         self.progress.forget(key)
         metrics.forget_job_passes(key)
         self.pod_informer.index.forget(key)
@@ -287,6 +289,7 @@ class Controller:
             held=frozenset(expected.held),
             progress=progress,
             checkpoint_step=checkpoint_step,
+            health=self.progress.health.get(key),
             saved_checkpoint=self.pod_informer.index.saved.get(key),
             kueue=self._kueue_view(key, body, uid),
             pod_group=next(
@@ -377,6 +380,7 @@ class Controller:
             self.executor.post_events(key[0], body, decided.events)
         self.phases.set(key, status.get("phase") or "Pending")
         self.goodput.set(key, status)
+        self.health.set(key, status)
         log.debug(
             "%s/%s: %s, created %d, deleted %d, %d refused, next pass in %s",
             *key,

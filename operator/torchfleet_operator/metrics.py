@@ -103,6 +103,19 @@ TIME_COMPONENTS = {
     "checkpoint": "checkpointSeconds",
 }
 
+JOB_SLOW_WINDOWS = Gauge(
+    "torchfleet_operator_job_node_slow_windows",
+    "Per job and node of its current gang: log intervals in a row the node's straggler "
+    "score was above runPolicy.stragglers.threshold (status.health.nodes[].slowWindows)",
+    ["job_namespace", "job_name", "node"],
+)
+JOB_AVOIDED_NODES = Gauge(
+    "torchfleet_operator_job_avoided_nodes",
+    "Per job: nodes its pods avoid after a straggler or preflight Replace "
+    "(status.health.avoidedNodes)",
+    ["job_namespace", "job_name"],
+)
+
 LEADER = Gauge(
     "torchfleet_operator_leader",
     "1 while this replica holds the leader Lease (or runs without leader election), else 0",
@@ -180,6 +193,39 @@ class GoodputTracker:
             _remove(JOB_GOODPUT, *key)
             for component in TIME_COMPONENTS:
                 _remove(JOB_TIME_SECONDS, *key, component)
+
+
+class HealthTracker:
+    """Keeps ``torchfleet_operator_job_node_slow_windows`` and
+    ``torchfleet_operator_job_avoided_nodes`` equal to each job's status.health;
+    the series of a node that left the gang, or of a deleted job, are removed."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[JobKey, set[str]] = {}
+        self._lock = threading.Lock()
+
+    def set(self, key: JobKey, status: dict[str, Any]) -> None:
+        health = status.get("health")
+        if not isinstance(health, dict):
+            return
+        slow = {
+            n["node"]: n.get("slowWindows") or 0
+            for n in health.get("nodes") or ()
+            if isinstance(n, dict) and isinstance(n.get("node"), str)
+        }
+        with self._lock:
+            for gone in self._nodes.get(key, set()) - set(slow):
+                _remove(JOB_SLOW_WINDOWS, *key, gone)
+            self._nodes[key] = set(slow)
+            for node, windows in slow.items():
+                JOB_SLOW_WINDOWS.labels(*key, node).set(windows)
+            JOB_AVOIDED_NODES.labels(*key).set(len(health.get("avoidedNodes") or ()))
+
+    def forget(self, key: JobKey) -> None:
+        with self._lock:
+            for node in self._nodes.pop(key, set()):
+                _remove(JOB_SLOW_WINDOWS, *key, node)
+            _remove(JOB_AVOIDED_NODES, *key)
 
 
 def _remove(series: Gauge | Counter, *labels: str) -> None:

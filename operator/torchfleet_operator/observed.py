@@ -15,6 +15,7 @@ from typing import Any
 from torchfleet_operator.api import reasons as r
 from torchfleet_operator.api.constants import TRAINER_CONTAINER_NAME
 from torchfleet_operator.build.labels import NODE_RANK_LABEL, RESTART_LABEL, ROLE_LABEL
+from torchfleet_operator.status.node_health import GangHealth
 from torchfleet_trainer import contract
 
 # A termination message (with FallbackToLogsOnError: the log's tail) is cut to
@@ -451,6 +452,8 @@ class Observed:
     # and the step of its newest complete checkpoint.
     progress: dict[str, Any] | None = None
     checkpoint_step: int | None = None
+    # The gang's node health and phase from the same scrape (policy/health.py).
+    health: GangHealth | None = None
     # The newest save a trainer of this job reported as it was preempted (its
     # master's termination message), kept after the pod itself is gone.
     saved_checkpoint: SavedCheckpoint | None = None

@@ -13,6 +13,8 @@ This module only dispatches: each decision is its policy's, whole
 * the deadline (deadline.py); a pod template refused as invalid (invalid.py);
 * success (success.py); failures: an elastic worker replaced alone
   (elastic.py), else a gang restart or the job's failure (failure.py);
+* node health: stragglers, preflight, a stalled step, and the restarts
+  they ask for (health.py);
 * the old gang's pods still terminating, the restart back-off (failure.py);
 * create what the gang misses, and read its phase (gang.py).
 
@@ -42,6 +44,7 @@ from torchfleet_operator.policy import (
     failure,
     finish,
     gang,
+    health,
     invalid,
     kueue,
     reporting,
@@ -132,6 +135,9 @@ def _active(step: Pass, spec: TrainingJobSpec) -> Plan:
         if step.phase == c.PHASE_FAILED:
             return finish.finished(step, spec)
     if found:
+        return failure.on_failure(step, spec, current, restart, found)
+    found = health.judge(step, spec, current)
+    if found:  # a slow node replaced, a stalled gang restarted
         return failure.on_failure(step, spec, current, restart, found)
     return _next_gang(step, spec, desired, pods, current, stale, surplus, placement)
 

@@ -29,7 +29,8 @@ import aiohttp
 
 from torchfleet_operator import metrics
 from torchfleet_operator.observed import timestamp
-from torchfleet_operator.status.progress import MetricsError, progress_from_metrics
+from torchfleet_operator.status.node_health import GangHealth
+from torchfleet_operator.status.progress import MetricsError, scrape_from_metrics
 from torchfleet_trainer import contract
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,8 @@ class ProgressPoller(Generic[K]):
         self.max_bytes = max_bytes
         self.scrape_seconds = scrape_seconds
         self.latest: dict[K, tuple[dict[str, Any] | None, int | None]] = {}
+        # The gang's node health from the same scrape (status/node_health.py).
+        self.health: dict[K, GangHealth] = {}
         # key -> (next try, current back-off, the master IP it applies to)
         self._retry_at: dict[K, tuple[float, float, str]] = {}
         self._warned_at: dict[K, float] = {}
@@ -94,15 +97,21 @@ class ProgressPoller(Generic[K]):
                 text = await self._fetch(session, ip)
             # Parsing up to MAX_RESPONSE_BYTES of text takes long enough to stall
             # kopf's watches if done on the loop: it runs in a worker thread.
-            found = await asyncio.to_thread(
-                progress_from_metrics, text, timestamp(datetime.now(UTC))
+            progress, checkpoint, health = await asyncio.to_thread(
+                scrape_from_metrics, text, timestamp(datetime.now(UTC))
             )
             self._retry_at.pop(key, None)
-            if found[0] is None:
+            if progress is None:
                 return
-            previous = self.latest.get(key)
+            found = (progress, checkpoint)
+            previous = self.latest.get(key), self.health.get(key)
             self.latest[key] = found
-            if previous is None or _figures(previous) != _figures(found):
+            if health is None:
+                self.health.pop(key, None)
+            else:
+                self.health[key] = health
+            changed = previous[0] is None or _figures(previous[0]) != _figures(found)
+            if changed or _health_figures(previous[1]) != _health_figures(health):
                 self.on_change(key)
         except Exception as exc:
             self._failed(key, ip, exc)
@@ -153,6 +162,7 @@ class ProgressPoller(Generic[K]):
 
     def forget(self, key: K) -> None:
         self.latest.pop(key, None)
+        self.health.pop(key, None)
         self._retry_at.pop(key, None)
         self._warned_at.pop(key, None)
 
@@ -179,3 +189,10 @@ def _figures(found: tuple[dict[str, Any] | None, int | None]) -> tuple[Any, ...]
         tuple(sorted((k, v) for k, v in (progress or {}).items() if k != "updateTime")),
         checkpoint,
     )
+
+
+def _health_figures(health: GangHealth | None) -> tuple[Any, ...]:
+    """A new log interval's node figures, or a new phase, is worth a pass."""
+    if health is None:
+        return ()
+    return (health.window, health.phase, health.phase_started)

@@ -11,21 +11,15 @@ job's honest server must keep having its step read.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import random
-import threading
-import uuid
-from collections import Counter
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
 
-from tests.fixtures.operator import fake_node, free_port
 from tests.fixtures.operator import kwok_job_spec as spec
+from tests.fixtures.scripted_metrics import ScriptedMetrics, on_node
 from torchfleet_operator.config import OperatorConfig
 from torchfleet_operator.controller import Controller
 from torchfleet_operator.kube import Executor
@@ -53,32 +47,20 @@ def _api_errors_422() -> float:
     return REGISTRY.get_sample_value("torchfleet_operator_api_errors_total", labels) or 0.0
 
 
-class MetricsServer:
+class MetricsServer(ScriptedMetrics):
     """/metrics at one master pod's IP, answering what the test says (``answer``)."""
 
     def __init__(self, ip: str, port: int) -> None:
         self.answer = "good"
         self.step = 1
-        self.served: Counter[str] = Counter()
-        self.closing = threading.Event()
-        server = self
+        super().__init__(ip, port)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                answer = server.answer
-                server.served[answer] += 1
-                # The operator hanging up on a flood or a stall is what should happen.
-                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                    server.respond(self, answer)
+    def respond(self, handler: BaseHTTPRequestHandler) -> None:
+        answer = self.answer
+        self.served[answer] += 1
+        self.respond_with(handler, answer)
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer((ip, port), Handler)
-        self.httpd.daemon_threads = True
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def respond(self, handler: BaseHTTPRequestHandler, answer: str) -> None:
+    def respond_with(self, handler: BaseHTTPRequestHandler, answer: str) -> None:
         handler.send_response(200)
         handler.send_header("Content-Type", "text/plain")
         if answer == "huge":  # 50 MB with no Content-Length
@@ -98,37 +80,6 @@ class MetricsServer:
         handler.end_headers()
         handler.wfile.write(body)
 
-    def close(self) -> None:
-        self.closing.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-@pytest.fixture
-def loopback_node(cluster) -> Iterator[Callable[[], str]]:
-    """KWOK nodes whose pods get loopback IPs (a random 127.a.b.0/24 each)."""
-    made: list[str] = []
-
-    def make() -> str:
-        name = f"tf-loop-{uuid.uuid4().hex[:6]}"
-        node = fake_node(
-            name, {"key": "torchfleet.dev/private", "value": name, "effect": "NoSchedule"}
-        )
-        node["spec"]["podCIDR"] = f"127.{random.randint(1, 254)}.{random.randint(1, 254)}.0/24"
-        cluster.kubectl("create", "-f", "-", input=json.dumps(node))
-        made.append(name)
-        return name
-
-    yield make
-    for name in made:
-        cluster.kubectl("delete", "node", name, "--wait=false", check=False)
-
-
-@pytest.fixture
-def scrape_port() -> int:
-    """Not the contract's 9400, which other tests' trainers bind on every address."""
-    return free_port()
-
 
 @pytest.fixture
 def servers(scrape_port: int) -> Iterator[Callable[[str], MetricsServer]]:
@@ -143,15 +94,6 @@ def servers(scrape_port: int) -> Iterator[Callable[[str], MetricsServer]]:
     yield at
     for server in by_ip.values():
         server.close()
-
-
-def on_node(node: str) -> dict[str, Any]:
-    return {
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "tolerations": [{"key": "torchfleet.dev/private", "operator": "Exists"}],
-        }
-    }
 
 
 def test_hostile_metrics_lose_nothing_and_never_stop_the_poller(

@@ -226,14 +226,10 @@ class TrainingConfig(_Section):
     precision: Literal["auto", "fp32", "bf16"] = Field(
         "auto",
         description="Compute precision. 'auto' is bf16 on CUDA and fp32 on CPU. Parameters "
-        "and optimizer state stay fp32 (mixed precision). How bf16 is applied depends on the "
-        "layout: where a data-parallel degree shards (FSDP2, HSDP), FSDP2's "
-        "MixedPrecisionPolicy casts each weight to bf16 once per gather and every op runs in "
-        "bf16, norms included (the loss is fp32); everywhere else (one process, DDP, "
-        "TP-only, PP-only) the model stays a plain module and autocast runs the forward and "
-        "loss, keeping norms, softmax and the loss in fp32. Both stay within bf16's noise "
-        "of fp32 training, autocast slightly closer (tests/trainer/test_precision_modes.py); "
-        "parallel.fsdpMemorySaving picks the first where nothing shards, to save memory.",
+        "and optimizer state stay fp32. Where a data-parallel degree shards (FSDP2, HSDP), "
+        "FSDP2's MixedPrecisionPolicy casts weights to bf16 per gather; elsewhere autocast "
+        "runs the forward and loss, keeping norms, softmax and the loss in fp32 (the "
+        "trainer README compares the two).",
     )
     meta_device_init: Literal["auto", "always", "never"] = Field(
         "auto",
@@ -327,9 +323,8 @@ class ParallelConfig(_Section):
         "process, TP-only, PP-only): wrap the model in FSDP2 anyway, at shard degree 1, so "
         "each block's bf16 weights exist only while it runs instead of autocast's copies of "
         "all of them for the whole forward and backward (5.1 GB less at 1.2B parameters on "
-        "an H100). It costs speed: FSDP2 copies every parameter into its gather buffer each "
-        "forward and backward, runs Python hooks per block and makes parameters DTensors "
-        "(measured 2% slower at 1.2B, 2.5x slower for a 10M-parameter model). Off by "
+        "an H100). It costs speed (FSDP2's gather copies and per-block hooks: 2% at 1.2B, "
+        "2.5x for a 10M-parameter model). Off by "
         "default; no effect in fp32, under DDP, or where FSDP2 shards anyway.",
     )
     reshard_after_forward: bool = Field(

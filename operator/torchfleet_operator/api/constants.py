@@ -18,6 +18,8 @@ CRD_NAME: Final = f"{PLURAL}.{GROUP}"
 # longest role suffix with a four-digit index.
 MAX_JOB_NAME_LENGTH: Final = 48
 MAX_WORKERS: Final = 4095
+# Nodes a job remembers to avoid (runPolicy.stragglers.action Replace); the oldest go first.
+MAX_AVOIDED_NODES: Final = 32
 MAX_GPUS_PER_NODE: Final = 64
 
 # The container in a role's pod template that the operator merges its

@@ -26,6 +26,12 @@ CONDITION_SCHEDULED: Final = "Scheduled"
 # The PodGroup's phase and its gang scheduler's reason (status/podgroup.py).
 CONDITION_GANG_SCHEDULED: Final = "GangScheduled"
 
+# Node health (policy/health.py): a node slower than the gang's median, the
+# trainer's preflight check of a new gang, a step counter that stands still.
+CONDITION_STRAGGLER: Final = "Straggler"
+CONDITION_PREFLIGHT: Final = "Preflight"
+CONDITION_STALLED: Final = "Stalled"
+
 # ---- Kueue's Workload condition types (kueue.x-k8s.io/v1beta1) ----
 # QuotaReserved, Admitted and Evicted are mirrored onto the job as well.
 WORKLOAD_QUOTA_RESERVED: Final = "QuotaReserved"
@@ -69,6 +75,14 @@ REASON_IMAGE_PULL_BACK_OFF: Final = "ImagePullBackOff"
 # Reasons the kubelet or control plane put on a pod it took away.
 REASON_EVICTED: Final = "Evicted"
 REASON_PREEMPTED: Final = "Preempted"
+
+# ---- reasons: node health (policy/health.py) ----
+REASON_SLOW_NODE: Final = "SlowNode"  # Straggler True; the Replace restart's reason too
+REASON_NODES_EVEN: Final = "NodesEven"  # Straggler False
+REASON_PREFLIGHT_PASSED: Final = "PreflightPassed"
+REASON_PREFLIGHT_SLOW_NODE: Final = "PreflightSlowNode"  # Preflight False; Replace's reason
+REASON_STEP_STALLED: Final = "StepStalled"  # Stalled True; the Restart's reason too
+REASON_STEP_MOVING: Final = "StepMoving"  # Stalled False
 
 # ---- reasons: children the apiserver refused (ChildrenRejected) ----
 REASON_ACCEPTED: Final = "Accepted"

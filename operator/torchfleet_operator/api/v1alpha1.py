@@ -427,6 +427,53 @@ class CheckpointSpec(ApiModel):
 ExitCode = Annotated[int, Field(ge=1, le=255)]
 
 
+class StragglerPolicy(ApiModel):
+    """A node that computes slower than the gang's median (policy/health.py)."""
+
+    threshold: float = Field(
+        1.3,
+        gt=1.0,
+        le=100.0,
+        description="A node whose straggler score (its compute time per step over the "
+        "median node's) is above this is slow in that log interval.",
+    )
+    windows: int = Field(
+        3,
+        ge=1,
+        le=1000,
+        description="Log intervals in a row a node must be slow before it is reported.",
+    )
+    action: Literal["Report", "Replace"] = Field(
+        "Report",
+        description="Report: the Straggler condition and an event. Replace: also restart "
+        "the gang away from the node (this job's pods avoid it; the node is not touched), "
+        "as a disruption; also for a node that fails trainer.preflight.",
+    )
+
+
+class StallPolicy(ApiModel):
+    """A gang whose step counter stands still while it trains (policy/health.py)."""
+
+    step_time_multiple: float = Field(
+        20.0,
+        ge=2.0,
+        le=100000.0,
+        description="Stalled: the step stood still this many mean step times (at least "
+        "minSeconds) while training (not starting, evaluating or saving).",
+    )
+    min_seconds: int = Field(
+        300,
+        ge=5,
+        le=2**31 - 1,
+        description="The shortest stall reported.",
+    )
+    action: Literal["Report", "Restart"] = Field(
+        "Report",
+        description="Report: the Stalled condition and an event. Restart: also restart the "
+        "gang, counted toward backoffLimit.",
+    )
+
+
 class RunPolicy(ApiModel):
     """Restarts, deadlines and clean-up."""
 
@@ -486,10 +533,15 @@ class RunPolicy(ApiModel):
         "terminationGracePeriodSeconds. Unset: a role template's "
         "spec.terminationGracePeriodSeconds for its pods, else "
         f"{c.DEFAULT_TERMINATION_GRACE_SECONDS}. A template that sets a different value "
-        "is refused. The default covers a synchronous save of the trainer's default model "
-        "(gpt, 6 layers, dim 384: 131 MB with AdamW state), measured at 1.5-3.9 s on a busy "
-        "2-core machine's local disk; a bigger model or slower storage needs its own save "
-        "time (torchfleet_checkpoint_save_seconds) plus a step or two.",
+        "is refused. Give a big model its save time (torchfleet_checkpoint_save_seconds) "
+        "plus a step or two.",
+    )
+    stragglers: StragglerPolicy = section(
+        StragglerPolicy,
+        "Straggler detection from torchfleet-train's per-node compute time.",
+    )
+    stall: StallPolicy = section(
+        StallPolicy, "Hang detection: a step that stands still while training."
     )
 
     rules = (
@@ -925,13 +977,10 @@ class Condition(StatusModel):
 
     type: Annotated[str, StringConstraints(max_length=316)] = Field(
         description="Condition type. Lifecycle: Created, Running, Restarting, Suspended, "
-        "Succeeded, Failed. Scheduled (False while a pod of the gang waits for the scheduler, "
-        "in its words) and GangScheduled (the PodGroup's phase with a gang scheduler). "
-        "ChildrenRejected (the apiserver refused a child: reasons CreateRejected, PodInvalid, "
-        "PodSecurityRejected, NameConflict, PodGroupCRDMissing). SpecNotUnderstood (the "
-        "stored spec no longer parses under this operator; the job goes on as it is). "
-        "With Kueue also QuotaReserved, "
-        "Admitted (mirrored from the Workload) and Evicted."
+        "Succeeded, Failed. Scheduled (False: a pod waits for the scheduler) and "
+        "GangScheduled (the PodGroup's phase). ChildrenRejected (the apiserver refused a "
+        "child). SpecNotUnderstood (the stored spec no longer parses; the job goes on). "
+        "Kueue: QuotaReserved, Admitted, Evicted. Node health: Straggler, Preflight, Stalled."
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: Annotated[str, StringConstraints(max_length=1024)] | None = Field(
@@ -1071,6 +1120,56 @@ class ElasticStatus(StatusModel):
     )
 
 
+class NodeHealthStatus(StatusModel):
+    """One node of the current gang, as torchfleet-train measured it."""
+
+    node: Annotated[str, StringConstraints(max_length=253)] = Field(description="Node name.")
+    node_rank: int | None = Field(None, ge=0, description="Its node rank in the gang.")
+    compute_seconds: float | None = Field(
+        None,
+        ge=0,
+        description="Its compute seconds per step (not waiting on peers), last interval.",
+    )
+    straggler_score: float | None = Field(
+        None, ge=0, description="computeSeconds over the median node's."
+    )
+    slow_windows: int = Field(
+        0,
+        ge=0,
+        description="Log intervals in a row its score was above the threshold.",
+    )
+    preflight_ratio: float | None = Field(
+        None,
+        ge=0,
+        description="Its preflight matmul throughput over the median node's.",
+    )
+    preflight_passed: bool | None = Field(
+        None, description="Whether it passed the preflight check."
+    )
+
+
+class StepSeenStatus(StatusModel):
+    """The step counter's last move (hang detection)."""
+
+    step: int = Field(ge=0, description="The step last seen.")
+    since: datetime = Field(description="When it was first seen at that step.")
+
+
+class HealthStatus(StatusModel):
+    """Node health of the current gang and the nodes the job avoids (policy/health.py)."""
+
+    gang: int = Field(0, ge=0, description="The gang (restartCount) the figures are of.")
+    nodes: list[NodeHealthStatus] | None = Field(
+        None, max_length=c.MAX_WORKERS + 1, description="Per node of the gang."
+    )
+    avoided_nodes: list[Annotated[str, StringConstraints(max_length=253)]] | None = Field(
+        None,
+        max_length=c.MAX_AVOIDED_NODES,
+        description="Nodes this job's pods avoid (stragglers.action Replace), oldest first.",
+    )
+    step_seen: StepSeenStatus | None = Field(None, description="The step's last move.")
+
+
 class TrainingJobStatus(StatusModel):
     """What the operator observed; written only by the operator."""
 
@@ -1132,6 +1231,10 @@ class TrainingJobStatus(StatusModel):
     )
     time_accounting: TimeAccounting | None = Field(
         None, description="Where the job's wall time went; goodput's components."
+    )
+    health: HealthStatus | None = Field(
+        None,
+        description="The gang's per-node figures and the nodes the job avoids.",
     )
     observed_generation: int | None = Field(
         None, ge=0, description="metadata.generation last reconciled."

@@ -8,6 +8,7 @@ hostname/subdomain), which must hold for the gang to work at all.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from typing import Any
 
 from torchfleet_operator.api.constants import (
@@ -153,6 +154,25 @@ def _gang_affinity(
     return affinity
 
 
+def _avoiding(affinity: dict[str, Any] | None, nodes: Sequence[str]) -> dict[str, Any] | None:
+    """``affinity`` that also keeps the pod off ``nodes`` (status.health.avoidedNodes):
+    a required node affinity on the node's name, ANDed into every nodeSelectorTerm
+    of the template's own (the terms are ORed, so one term of its own would not
+    do). Scoped to this job's pods: the nodes are not touched."""
+    if not nodes:
+        return affinity
+    affinity = affinity or {}
+    required = affinity.setdefault("nodeAffinity", {}).setdefault(
+        "requiredDuringSchedulingIgnoredDuringExecution", {}
+    )
+    terms = required.get("nodeSelectorTerms") or [{}]
+    avoid = {"key": "metadata.name", "operator": "NotIn", "values": sorted(set(nodes))}
+    required["nodeSelectorTerms"] = [
+        {**term, "matchFields": [*(term.get("matchFields") or []), avoid]} for term in terms
+    ]
+    return affinity
+
+
 def _merge_volumes(
     ours: list[dict[str, Any]], theirs: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
@@ -203,8 +223,10 @@ def build_pod(
     restart: int,
     default_image: str,
     default_shm_size: str | None = None,
+    avoid_nodes: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The complete pod manifest for ``node_rank`` of gang number ``restart``."""
+    """The complete pod manifest for ``node_rank`` of gang number ``restart``, kept
+    off ``avoid_nodes``."""
     role = role_of(node_rank)
     name = pod_name_for_rank(job, node_rank)
     template = template_for(spec, node_rank)
@@ -235,7 +257,7 @@ def build_pod(
         pod_spec["hostNetwork"] = True
         pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
     pod_spec.update(template_spec)
-    affinity = _gang_affinity(job, spec, template_spec.get("affinity"))
+    affinity = _avoiding(_gang_affinity(job, spec, template_spec.get("affinity")), avoid_nodes)
     if affinity:
         pod_spec["affinity"] = affinity
     pod_spec["volumes"] = _merge_volumes(

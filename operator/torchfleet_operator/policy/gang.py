@@ -40,8 +40,10 @@ def create_missing(
         plan_create.append(pvc.checkpoint_claim(step.name, step.namespace, step.uid, template))
     # Pods the apiserver refused a moment ago wait for their back-off.
     skip = {p.name for p in gang} | observed.expected_created | observed.held
+    health = step.status.get("health")
+    avoid = (health.get("avoidedNodes") if isinstance(health, dict) else None) or ()
     pods = [
-        build_pod(step.name, step.namespace, step.uid, spec, rank, restart, image, shm_size)
+        build_pod(step.name, step.namespace, step.uid, spec, rank, restart, image, shm_size, avoid)
         for rank in range(spec.nodes)
         if pod_name_for_rank(step.name, rank) not in skip
     ]

@@ -29,6 +29,7 @@ from pydantic import BaseModel
 
 from torchfleet_operator.api.v1alpha1 import CheckpointStatus, ProgressStatus
 from torchfleet_operator.observed import parse_time
+from torchfleet_operator.status import node_health
 from torchfleet_trainer import contract
 
 STEP = contract.METRIC_STEP
@@ -42,7 +43,9 @@ MFU = contract.METRIC_MFU
 # The trainer's checkpoint-save histogram: its _sum is the time this gang's
 # loop was blocked saving.
 CHECKPOINT_SAVE_SECONDS_SUM = contract.METRIC_CHECKPOINT_SAVE_SECONDS + "_sum"
+PHASE_STARTED = node_health.PHASE_STARTED
 WANTED = {
+    PHASE_STARTED,
     STEP,
     TOTAL_STEPS,
     LOSS,
@@ -55,6 +58,9 @@ WANTED = {
 }
 # The status keys filled from a scrape: optional, so a refused write can go without them.
 SCRAPED_STATUS_KEYS = ("progress", "lastCheckpoint")
+
+# Node-health samples kept from one scrape: a few per node of the largest gang.
+MAX_LABELLED_SAMPLES = 4 * node_health.MAX_NODES + len(contract.PHASES)
 
 # A CRD `integer` is an int64 to the API server: a larger number is refused.
 INT64_MAX = 2**63 - 1
@@ -109,22 +115,47 @@ def read_gauges(text: str) -> dict[str, float]:
 
     Raises MetricsError when the text does not parse.
     """
+    return read_samples(text)[0]
+
+
+def read_samples(text: str) -> tuple[dict[str, float], list[tuple[str, dict[str, str], float]]]:
+    """One pass over the text: the wanted gauges (read_gauges), and every numeric
+    sample of the node-health families with its labels (status/node_health.py).
+
+    Raises MetricsError when the text does not parse.
+    """
     found: dict[str, float] = {}
+    labelled: list[tuple[str, dict[str, str], float]] = []
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 value = sample.value
-                if (
-                    sample.name in WANTED
-                    and sample.name not in found
-                    and isinstance(value, int | float)
-                    and not isinstance(value, bool)
-                    and math.isfinite(value)
-                ):
+                if not isinstance(value, int | float) or isinstance(value, bool):
+                    continue
+                if sample.name in node_health.WANTED:
+                    if len(labelled) < MAX_LABELLED_SAMPLES:
+                        labelled.append((sample.name, dict(sample.labels), float(value)))
+                elif sample.name in WANTED and sample.name not in found and math.isfinite(value):
                     found[sample.name] = float(value)
     except Exception as exc:  # the parser raises whatever the bad line provokes
         raise MetricsError(f"not Prometheus text: {type(exc).__name__}: {exc}"[:300]) from exc
-    return found
+    return found, labelled
+
+
+def scrape_from_metrics(
+    text: str, now: str
+) -> tuple[dict[str, Any] | None, int | None, node_health.GangHealth | None]:
+    """(status.progress, checkpoint step, the gang's node health) from one scrape.
+
+    Raises MetricsError when the text does not parse.
+    """
+    gauges, labelled = read_samples(text)
+    progress, checkpoint = _progress(gauges, now)
+    count, seconds = gauges.get(STEP_SECONDS_COUNT), gauges.get(STEP_SECONDS_SUM)
+    step_seconds = seconds / count if count and seconds and count > 0 and seconds > 0 else None
+    started = gauges.get(PHASE_STARTED)
+    health = node_health.health_from_samples(labelled, started, step_seconds)
+    return progress, checkpoint, health
 
 
 def progress_from_metrics(text: str, now: str) -> tuple[dict[str, Any] | None, int | None]:
@@ -132,7 +163,10 @@ def progress_from_metrics(text: str, now: str) -> tuple[dict[str, Any] | None, i
 
     Raises MetricsError when the text does not parse.
     """
-    gauges = read_gauges(text)
+    return _progress(read_gauges(text), now)
+
+
+def _progress(gauges: dict[str, float], now: str) -> tuple[dict[str, Any] | None, int | None]:
     step = _bounded_int(gauges.get(STEP), ProgressStatus, "step")
     if step is None:
         return None, None

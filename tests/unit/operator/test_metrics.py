@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from prometheus_client import REGISTRY
 
-from torchfleet_operator.metrics import TIME_COMPONENTS, GoodputTracker, PhaseTracker
+from torchfleet_operator.metrics import (
+    TIME_COMPONENTS,
+    GoodputTracker,
+    HealthTracker,
+    PhaseTracker,
+)
 
 
 def job_phase(namespace: str, job: str, phase: str) -> float | None:
@@ -68,3 +73,24 @@ def test_goodput_series_follow_the_status_and_go_with_the_job():
     tracker.forget(key)
     assert all(job_time(*key, c) is None for c in TIME_COMPONENTS)
     tracker.forget(key)  # twice is fine
+
+
+def test_node_health_series_follow_the_gang_and_go_with_the_job():
+    tracker = HealthTracker()
+    key = ("ml-team", "health-test-job")
+
+    def windows(node: str) -> float | None:
+        labels = {"job_namespace": key[0], "job_name": key[1], "node": node}
+        return REGISTRY.get_sample_value("torchfleet_operator_job_node_slow_windows", labels)
+
+    avoided = {"job_namespace": key[0], "job_name": key[1]}
+    nodes = [{"node": "a", "slowWindows": 2}, {"node": "b", "slowWindows": 0}]
+    tracker.set(key, {"health": {"nodes": nodes, "avoidedNodes": ["x"]}})
+    assert (windows("a"), windows("b")) == (2, 0)
+    assert REGISTRY.get_sample_value("torchfleet_operator_job_avoided_nodes", avoided) == 1
+    # The next gang runs on other nodes: the old node's series goes.
+    tracker.set(key, {"health": {"nodes": [{"node": "c"}, {"junk": 1}], "avoidedNodes": []}})
+    assert (windows("a"), windows("b"), windows("c")) == (None, None, 0)
+    tracker.forget(key)
+    assert windows("c") is None
+    assert REGISTRY.get_sample_value("torchfleet_operator_job_avoided_nodes", avoided) is None

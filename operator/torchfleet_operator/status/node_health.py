@@ -1,0 +1,105 @@
+"""The gang's node health from the master's Prometheus text: per node, its compute
+seconds per step and straggler score, its preflight figures, and what the
+trainer is doing now (its phase). Pure.
+
+torchfleet-train's rank 0 exports these (names in the pod contract): one sample
+per node of the gang, labelled with the node's rank and name. The text comes
+from a pod, so it is untrusted like the progress figures (status/progress.py):
+a sample with a value that is not a finite number >= 0, or a label that cannot
+be a node name, is dropped, and at most one sample per node of the largest gang
+is kept.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from torchfleet_operator.api import constants as c
+from torchfleet_trainer import contract
+
+COMPUTE = contract.METRIC_NODE_COMPUTE_SECONDS
+SCORE = contract.METRIC_NODE_STRAGGLER_SCORE
+PREFLIGHT_RATIO = contract.METRIC_PREFLIGHT_MATMUL_RATIO
+PREFLIGHT_PASSED = contract.METRIC_PREFLIGHT_NODE_PASSED
+PHASE = contract.METRIC_PHASE
+PHASE_STARTED = contract.METRIC_PHASE_STARTED
+PER_NODE = (COMPUTE, SCORE, PREFLIGHT_RATIO, PREFLIGHT_PASSED)
+# The labelled families this module reads (the rest of a scrape is progress's).
+WANTED = {*PER_NODE, PHASE}
+MAX_NODES = c.MAX_WORKERS + 1
+MAX_NODE_NAME = 253
+
+
+@dataclass(frozen=True)
+class NodeFigures:
+    """One node of the gang, as rank 0 exported it."""
+
+    node: str
+    node_rank: int | None = None
+    compute_seconds: float | None = None
+    straggler_score: float | None = None
+    preflight_ratio: float | None = None
+    preflight_passed: bool | None = None
+
+
+@dataclass(frozen=True)
+class GangHealth:
+    """What one scrape says about the gang's nodes and phase."""
+
+    nodes: tuple[NodeFigures, ...] = ()
+    phase: str | None = None  # one of contract.PHASES; None: not exported
+    phase_started: float | None = None  # Unix time the phase began
+    step_seconds: float | None = None  # this gang's mean step time
+
+    @property
+    def window(self) -> tuple[tuple[str, float | None], ...]:
+        """What identifies one log interval's figures: they change every interval."""
+        return tuple((n.node, n.compute_seconds) for n in self.nodes)
+
+
+def health_from_samples(
+    samples: list[tuple[str, dict[str, str], float]],
+    phase_started: float | None,
+    step_seconds: float | None,
+) -> GangHealth | None:
+    """The gang's health from the labelled samples of a scrape; None when it has none."""
+    nodes: dict[str, dict[str, Any]] = {}
+    phase = None
+    for name, labels, value in samples:
+        if not math.isfinite(value) or value < 0:
+            continue
+        if name == PHASE:
+            label = labels.get(contract.LABEL_PHASE)
+            if value == 1 and label in contract.PHASES:
+                phase = label
+            continue
+        node = labels.get(contract.LABEL_NODE, "")
+        if not 0 < len(node) <= MAX_NODE_NAME:
+            continue
+        if node not in nodes and len(nodes) >= MAX_NODES:
+            continue
+        figures = nodes.setdefault(node, {"node": node})
+        rank = labels.get(contract.LABEL_NODE_RANK, "")
+        if rank.isdigit() and len(rank) < 7:
+            figures["node_rank"] = int(rank)
+        _set_figure(figures, name, value)
+    if not nodes and phase is None:
+        return None
+    ordered = sorted(
+        (NodeFigures(**f) for f in nodes.values()),
+        key=lambda n: (n.node_rank is None, n.node_rank or 0, n.node),
+    )
+    return GangHealth(tuple(ordered), phase, phase_started, step_seconds)
+
+
+def _set_figure(figures: dict[str, Any], name: str, value: float) -> None:
+    if name == COMPUTE:
+        figures["compute_seconds"] = value
+    elif name == SCORE:
+        figures["straggler_score"] = value
+    elif name == PREFLIGHT_RATIO:
+        figures["preflight_ratio"] = value
+    elif name == PREFLIGHT_PASSED:
+        figures["preflight_passed"] = value >= 0.5

@@ -1,0 +1,252 @@
+"""Node health decided from a scripted master's /metrics by a real operator:
+straggler windows, threshold and action (Report, Replace), the preflight
+condition, and a stalled step told apart from a checkpoint save.
+
+The pods run on KWOK nodes of a loopback group (tests/fixtures/scripted_metrics.py):
+the test serves what torchfleet-train's rank 0 would export, node by node, and
+reads the job's status, events and pods. A log interval is a change of the
+per-node figures; the same figures scraped again are the same interval.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.fixtures.operator import kwok_job_spec as spec
+from tests.fixtures.scripted_metrics import ScriptedMetrics, in_group
+from torchfleet_operator.build.names import pod_name_for_rank
+from torchfleet_trainer import contract as k
+
+pytestmark = pytest.mark.cluster
+
+WORKERS = 2  # a gang of 3: one master, two workers
+
+
+def exported(
+    step: int,
+    scores: dict[str, float] | None = None,
+    window: int = 0,
+    phase: str = k.PHASE_TRAIN,
+    phase_started: float = 0.0,
+    preflight: dict[str, float] | None = None,
+) -> str:
+    """Rank 0's /metrics: the step and its timing, the phase, and per node (named
+    by host name, as the trainer does without TORCHFLEET_NODE_NAME) the compute
+    seconds of log interval ``window`` with their scores, and preflight ratios."""
+    lines = [
+        f"{k.METRIC_STEP} {step}",
+        f"{k.METRIC_TOTAL_STEPS} 1000",
+        f"{k.METRIC_STEP_SECONDS}_sum {step * 0.1}",
+        f"{k.METRIC_STEP_SECONDS}_count {step}",
+        f"{k.METRIC_PHASE_STARTED} {phase_started}",
+    ]
+    lines += [f'{k.METRIC_PHASE}{{phase="{p}"}} {int(p == phase)}' for p in k.PHASES]
+    for rank, (host, score) in enumerate((scores or {}).items()):
+        labels = f'{k.LABEL_NODE_RANK}="{rank}",{k.LABEL_NODE}="{host}"'
+        lines.append(f"{k.METRIC_NODE_COMPUTE_SECONDS}{{{labels}}} {0.1 * score + window * 1e-4}")
+        lines.append(f"{k.METRIC_NODE_STRAGGLER_SCORE}{{{labels}}} {score}")
+    for rank, (host, ratio) in enumerate((preflight or {}).items()):
+        labels = f'{k.LABEL_NODE_RANK}="{rank}",{k.LABEL_NODE}="{host}"'
+        lines.append(f"{k.METRIC_PREFLIGHT_MATMUL_RATIO}{{{labels}}} {ratio}")
+        lines.append(f"{k.METRIC_PREFLIGHT_NODE_PASSED}{{{labels}}} {int(ratio >= 0.8)}")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+def operator(operator_factory, namespace, scrape_port):
+    """A real operator scraping every 0.5 s at the scripted port."""
+    return operator_factory(
+        namespaces=[namespace],
+        env={
+            "TORCHFLEET_OPERATOR_PROGRESS_INTERVAL_SECONDS": "0.5",
+            "TORCHFLEET_OPERATOR_PROGRESS_PORT": str(scrape_port),
+        },
+    )
+
+
+@pytest.fixture
+def gang(
+    operator, job_driver, namespace, loopback_node, scrape_port
+) -> Iterator[Callable[..., tuple[ScriptedMetrics, dict[str, str]]]]:
+    """Starts a job of 3 pods on a group of 4 loopback nodes; returns the master's
+    scripted /metrics and pod -> node."""
+    group = f"health-{uuid.uuid4().hex[:6]}"
+    for _ in range(WORKERS + 2):
+        loopback_node(group)
+    servers: dict[str, ScriptedMetrics] = {}
+
+    def start(
+        job: str, restart: int = 0, **run_policy: Any
+    ) -> tuple[ScriptedMetrics, dict[str, str]]:
+        if restart == 0:
+            job_driver.create(
+                namespace,
+                job,
+                spec(workers=WORKERS, template=in_group(group), runPolicy=run_policy),
+            )
+        pods = job_driver.wait_running_pods(namespace, job, WORKERS + 1, restart=restart)
+        nodes = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods}
+        master = next(p for p in pods if p["metadata"]["name"] == pod_name_for_rank(job, 0))
+        ip = master["status"]["podIP"]
+        if ip not in servers:
+            servers[ip] = ScriptedMetrics(ip, scrape_port)
+        return servers[ip], nodes
+
+    yield start
+    for server in servers.values():
+        server.close()
+
+
+def hosts(job: str) -> list[str]:
+    return [pod_name_for_rank(job, rank) for rank in range(WORKERS + 1)]
+
+
+def health_of(job_driver, namespace: str, job: str) -> dict[str, Any]:
+    return dict(job_driver.status(namespace, job).get("health") or {})
+
+
+def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions") or () if c["type"] == type_), {})
+
+
+def scraped_again(server: ScriptedMetrics, times: int = 3) -> Callable[[], bool]:
+    """True once the operator has read the current body ``times`` more times."""
+    seen = server.served["body"]
+    return lambda: server.served["body"] >= seen + times
+
+
+def test_a_slow_node_is_named_after_its_windows_and_replaced(job_driver, namespace, gang):
+    server, nodes = gang("slow", stragglers={"threshold": 1.3, "windows": 2, "action": "Replace"})
+    master, worker0, worker1 = hosts("slow")
+    slow_node = nodes[worker1]
+
+    # Interval 1: worker-1's node 1.8x the median, worker-0's 1.25x (under the threshold).
+    server.body = exported(10, {master: 1.0, worker0: 1.25, worker1: 1.8}, window=1)
+    shown = job_driver.wait_for(
+        "interval 1 in status.health",
+        lambda: len(n := health_of(job_driver, namespace, "slow").get("nodes") or []) == 3 and n,
+    )
+    by_node = {n["node"]: n for n in shown}
+    # Figures are filed under the node the pod runs on, not the host name.
+    assert set(by_node) == set(nodes.values())
+    assert by_node[slow_node]["slowWindows"] == 1 and by_node[slow_node]["stragglerScore"] == 1.8
+    assert by_node[nodes[worker0]]["slowWindows"] == 0
+    # The same figures scraped again are the same interval: still one window.
+    job_driver.wait_for("three more scrapes", scraped_again(server))
+    status = job_driver.status(namespace, "slow")
+    assert {n["node"]: n["slowWindows"] for n in status["health"]["nodes"]}[slow_node] == 1
+    assert not condition(status, "Straggler") and status["restartCount"] == 0
+
+    # Interval 2: slow again -> named, and the gang restarts away from it.
+    server.body = exported(20, {master: 1.0, worker0: 1.0, worker1: 1.7}, window=2)
+    status = job_driver.wait_for(
+        "the Replace restart",
+        lambda: (s := job_driver.status(namespace, "slow")).get("restartCount") == 1 and s,
+    )
+    straggler = condition(status, "Straggler")
+    assert straggler["status"] == "True" and straggler["reason"] == "SlowNode"
+    assert f"node {slow_node} computes 1.70x the median" in straggler["message"]
+    assert "threshold 1.3 for 2 log intervals" in straggler["message"]
+    assert status["health"]["avoidedNodes"] == [slow_node]
+    # A disruption: the node's fault, not counted toward backoffLimit.
+    assert status["disruptions"] == 1 and status["countedRestarts"] == 0
+    assert condition(status, "Restarting")["reason"] == "SlowNode"
+    job_driver.wait_events(namespace, "slow", {"SlowNode"}, type="Warning")
+
+    # The next gang keeps off that node (there is room on the group's others).
+    _, next_nodes = gang("slow", restart=1)
+    assert slow_node not in next_nodes.values()
+    pod = job_driver.get_core(namespace, "pods", worker1)
+    assert pod is not None
+    terms = pod["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert {"key": "metadata.name", "operator": "NotIn", "values": [slow_node]} in terms[
+        "nodeSelectorTerms"
+    ][0]["matchFields"]
+
+
+def test_report_preflight_and_a_stall_told_apart_from_a_save(job_driver, namespace, gang, operator):
+    server, nodes = gang(
+        "watch",
+        stragglers={"threshold": 1.5, "windows": 1, "action": "Report"},
+        stall={"stepTimeMultiple": 2, "minSeconds": 6, "action": "Restart"},
+    )
+    master, worker0, worker1 = hosts("watch")
+
+    # Preflight: worker-0's node at 0.4x the median fails; the others pass.
+    server.body = exported(
+        0, phase=k.PHASE_PREFLIGHT, preflight={master: 1.0, worker0: 0.4, worker1: 1.02}
+    )
+    status = job_driver.wait_for(
+        "the Preflight condition",
+        lambda: (s := job_driver.status(namespace, "watch")) and condition(s, "Preflight") and s,
+    )
+    preflight = condition(status, "Preflight")
+    assert preflight["status"] == "False" and preflight["reason"] == "PreflightSlowNode"
+    assert f"node {nodes[worker0]} reached 0.40x the median" in preflight["message"]
+    job_driver.wait_events(namespace, "watch", {"PreflightSlowNode"}, type="Warning")
+
+    # Report: a node over the threshold is named at once (windows 1), nothing restarts.
+    server.body = exported(5, {master: 1.0, worker0: 1.0, worker1: 1.6}, window=1)
+    status = job_driver.wait_for(
+        "the Straggler condition",
+        lambda: (
+            (s := job_driver.status(namespace, "watch"))
+            and condition(s, "Straggler").get("status") == "True"
+            and s
+        ),
+    )
+    assert nodes[worker1] in condition(status, "Straggler")["message"]
+    assert status["restartCount"] == 0 and "avoidedNodes" not in status["health"]
+    # The next interval is even again: the condition goes False and says so.
+    server.body = exported(6, {master: 1.0, worker0: 1.0, worker1: 1.1}, window=2)
+    status = job_driver.wait_for(
+        "Straggler False",
+        lambda: (
+            (s := job_driver.status(namespace, "watch"))
+            and condition(s, "Straggler").get("status") == "False"
+            and s
+        ),
+    )
+    assert condition(status, "Straggler")["reason"] == "NodesEven"
+
+    # A checkpoint save: the step stands still past the limit, but the trainer says
+    # it saves. A new save phase after the limit brings a pass that judges it.
+    evened = job_driver.status(namespace, "watch")["health"]["stepSeen"]
+    assert evened["step"] == 6
+    even = {master: 1.0, worker0: 1.0, worker1: 1.1}
+    server.body = exported(6, even, window=2, phase=k.PHASE_CHECKPOINT)
+    saving_since = time.monotonic()
+    job_driver.wait_for("the stall limit to pass", lambda: time.monotonic() - saving_since > 8)
+    passes = operator.passes((namespace, "watch"))
+    server.body = exported(6, even, window=2, phase=k.PHASE_CHECKPOINT, phase_started=1)
+    job_driver.wait_for(
+        "a pass on the new phase", lambda: operator.passes((namespace, "watch")) > passes
+    )
+    status = job_driver.status(namespace, "watch")
+    assert not condition(status, "Stalled") and status["restartCount"] == 0
+    assert status["health"]["stepSeen"] == evened  # the clock ran on through the save
+
+    # Training again (the phase began now), and the step does not move: Stalled, restarted.
+    server.body = exported(
+        6, {master: 1.0, worker0: 1.0, worker1: 1.1}, window=2, phase_started=time.time()
+    )
+    status = job_driver.wait_for(
+        "the Stalled restart",
+        lambda: (s := job_driver.status(namespace, "watch")).get("restartCount") == 1 and s,
+        timeout=30,
+    )
+    # The restart says why (the new gang's first pass clears Stalled again).
+    restarting = condition(status, "Restarting")
+    assert restarting["reason"] == "StepStalled", restarting
+    assert "step 6 has not moved for" in restarting["message"]
+    assert "at least runPolicy.stall.minSeconds 6s" in restarting["message"]
+    # Counted toward backoffLimit: a hang may be the program's.
+    assert status["countedRestarts"] == 1 and status.get("disruptions", 0) == 0
+    job_driver.wait_events(namespace, "watch", {"StepStalled"}, type="Warning")
