@@ -54,7 +54,11 @@ def _trainer_container(
         "name": TRAINER_CONTAINER_NAME,
         "image": spec.image or image,
         "command": list(spec.command) if spec.command else list(TRAINER_COMMAND),
-        "env": [{"name": k, "value": v} for k, v in env.items()],
+        "env": [
+            *({"name": k, "value": v} for k, v in env.items()),
+            # The trainer names its node by it in the per-node series (node health).
+            {"name": contract.NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        ],
         "ports": [
             {"name": "metrics", "containerPort": contract.DEFAULT_METRICS_PORT, "protocol": "TCP"},
             {

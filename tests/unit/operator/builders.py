@@ -102,3 +102,9 @@ def a_pass(
     """A planning pass over ``job(workers=workers, **spec)``, for one policy to decide in."""
     body = job(workers=workers, **spec)
     return Pass(body, dict(status or {}), seen or observed(), at(now), CONFIG)
+
+
+def literal_env(pod: dict[str, Any]) -> dict[str, str]:
+    """The trainer container's env set by value (a valueFrom entry is the
+    downward API's, resolved only on the node)."""
+    return {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"] if "value" in e}

@@ -14,7 +14,7 @@ from torchfleet_operator.build.pods import build_pod
 from torchfleet_trainer.config import load_config
 from torchfleet_trainer.contract import PodContract
 
-from .builders import job
+from .builders import job, literal_env
 
 GOLDEN = Path(__file__).parent / "golden"
 RDMA_SPEC = {
@@ -63,7 +63,7 @@ def render(spec: dict, rank: int, restart: int = 0) -> dict:
 
 
 def env_of(pod: dict) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    return literal_env(pod)
 
 
 def test_rdma_worker_pod_matches_golden_yaml():

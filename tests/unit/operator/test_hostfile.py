@@ -13,7 +13,7 @@ from torchfleet_operator.build import hostfile
 from torchfleet_operator.build.pods import build_pod
 from torchfleet_trainer import contract
 
-from .builders import job
+from .builders import job, literal_env
 
 DEEPSPEED = [
     "deepspeed",
@@ -72,10 +72,7 @@ def test_a_restarted_gang_writes_the_same_hostfile_on_a_new_port():
     spec = parse(workers=1, command=DEEPSPEED)
     first, restarted = render(spec, 1, restart=0), render(spec, 1, restart=5)
     assert writer(first) == writer(restarted)
-    ports = [
-        {e["name"]: e["value"] for e in p["spec"]["containers"][0]["env"]}["MASTER_PORT"]
-        for p in (first, restarted)
-    ]
+    ports = [literal_env(p)["MASTER_PORT"] for p in (first, restarted)]
     # Why a DeepSpeed command passes --master_port=$(MASTER_PORT): the port moves.
     assert ports == ["29500", "29505"]
 
@@ -100,7 +97,7 @@ def test_an_elastic_gang_lists_every_pod_it_may_have_at_any_size(workers):
 def test_the_trainer_finds_the_file_where_the_variable_says():
     pod = render(parse(command=DEEPSPEED), 0)
     trainer = pod["spec"]["containers"][0]
-    env = {e["name"]: e["value"] for e in trainer["env"]}
+    env = literal_env(pod)
     assert env[contract.HOSTFILE] == contract.HOSTFILE_PATH == "/etc/deepspeed/hostfile"
     assert {"name": "hostfile", "mountPath": "/etc/deepspeed"} in trainer["volumeMounts"]
     assert writer(pod)["volumeMounts"] == [{"name": "hostfile", "mountPath": "/etc/deepspeed"}]

@@ -19,6 +19,7 @@ from .builders import (
     deleted_names,
     gang,
     job,
+    literal_env,
     observed,
     pod,
     running_status,
@@ -158,7 +159,7 @@ def test_new_gang_waits_for_old_pods_then_for_the_backoff():
     assert created_names(due) == ["llm-master-0", "llm-worker-0", "llm-worker-1"]
     master = next(m for m in due.create if m["kind"] == "Pod")
     assert master["metadata"]["labels"]["torchfleet.dev/restart"] == "1"
-    env = {e["name"]: e["value"] for e in master["spec"]["containers"][0]["env"]}
+    env = literal_env(master)
     assert env["TORCHFLEET_RESTART_COUNT"] == "1"
     # New gang running: Running again, Restarting cleared.
     back = plan(job(), observed(*gang(restart=1)), at(120), CONFIG, status=due.status)

@@ -19,6 +19,7 @@ from .builders import (
     deleted_names,
     gang,
     job,
+    literal_env,
     observed,
     pod,
     running_status,
@@ -435,7 +436,7 @@ def test_per_process_variables_in_the_command_need_one_process_per_node(variable
 def env_of(restart: int) -> dict[str, str]:
     spec = parse_training_job(job(processesPerNode=2)).spec
     built = build_pod("llm", "team", "uid-1", spec, 1, restart, "img")
-    return {e["name"]: e["value"] for e in built["spec"]["containers"][0]["env"]}
+    return literal_env(built)
 
 
 def test_each_gang_generation_has_its_own_rendezvous():
