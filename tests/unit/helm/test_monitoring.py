@@ -124,6 +124,8 @@ def test_dashboard_shows_training_figures_goodput_restarts_and_phases(helm: Helm
         "Jobs by phase": "torchfleet_operator_jobs",
         "Goodput": "torchfleet_operator_job_goodput",
         "Where the time went": "torchfleet_operator_job_time_seconds",
+        "Node compute time": "torchfleet_train_node_compute_seconds",
+        "Straggler score": "torchfleet_train_node_straggler_score",
     }.items():
         assert series in series_by_title[title], title
     # An elastic job's lost worker is replaced alone: shown beside the restarts.
