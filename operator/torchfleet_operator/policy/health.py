@@ -118,6 +118,18 @@ def _node_name(label: str, gang: list[ObservedPod]) -> str:
     return pod.node_name if pod is not None and pod.node_name else label
 
 
+def _per_node(scraped: GangHealth, gang: list[ObservedPod]) -> dict[str, NodeFigures]:
+    """The figures by Kubernetes node: where two pods of the gang share a node,
+    the node is as slow as its slowest (the trainer reports each pod as a node)."""
+    by_node: dict[str, NodeFigures] = {}
+    for figures in scraped.nodes:
+        name = _node_name(figures.node, gang)
+        known = by_node.get(name)
+        if known is None or (figures.straggler_score or 0) > (known.straggler_score or 0):
+            by_node[name] = figures
+    return by_node
+
+
 def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, DIGITS)
 
@@ -133,12 +145,12 @@ def _nodes(
     to a slow node's count and resets a node back under the threshold."""
     threshold = spec.run_policy.stragglers.threshold
     before = {n.get("node"): n for n in health.get("nodes") or () if isinstance(n, dict)}
+    by_node = _per_node(scraped, gang)
     new_window = [(n.get("node"), n.get("computeSeconds")) for n in before.values()] != [
-        (_node_name(f.node, gang), _rounded(f.compute_seconds)) for f in scraped.nodes
+        (name, _rounded(f.compute_seconds)) for name, f in by_node.items()
     ]
     nodes = []
-    for figures in scraped.nodes:
-        name = _node_name(figures.node, gang)
+    for name, figures in by_node.items():
         slow = int((before.get(name) or {}).get("slowWindows") or 0)
         if new_window and figures.straggler_score is not None:
             slow = slow + 1 if figures.straggler_score > threshold else 0

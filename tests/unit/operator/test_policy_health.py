@@ -198,3 +198,13 @@ def test_hostile_node_samples_are_dropped_or_capped(samples, nodes):
     assert len(found.nodes if found else ()) == nodes
     if found and found.nodes:
         assert found.nodes[0].node_rank is None  # a rank that is no small integer is dropped
+
+
+def test_pods_sharing_a_node_are_as_slow_as_the_slowest():
+    shared = [p.__class__(**{**p.__dict__, "node_name": "node-a"}) for p in pods()]
+    progress = {"step": 5, "updateTime": stamp(10)}
+    seen = observed(*shared, health=scrape((1.0, 2.0, 1.0)), progress=progress)
+    step = a_pass(seen, running_status(progress=progress), now=10)
+    health.judge(step, spec_of(), shared)
+    (node,) = step.status["health"]["nodes"]
+    assert node["node"] == "node-a" and node["stragglerScore"] == 2.0
