@@ -229,10 +229,19 @@ def pod_failure(pod: ObservedPod, spec: TrainingJobSpec) -> Failure:
         r.REASON_POD_FAILED,
         pod.exit_code,
         retryable,
-        pod.message or "",
+        _with_container_reason(pod),
         False,
         pod.finished_at,
     )
+
+
+def _with_container_reason(pod: ObservedPod) -> str:
+    """The termination message, after the kubelet's reason when it says more than
+    "Error" (OOMKilled: the kernel's OOM killer, not the program, ended it)."""
+    message = pod.message or ""
+    if not pod.reason or pod.reason in ("Error", "Completed") or pod.reason in message:
+        return message
+    return f"{pod.reason}: {message}" if message else pod.reason
 
 
 # ---- deciding: fail the job, or restart the gang ----

@@ -213,3 +213,16 @@ def test_a_restart_recorded_before_a_crash_deletes_the_old_gang_and_counts_once(
     assert after_crash.status["countedRestarts"] == 1
     assert after_crash.status["phase"] == "Restarting"
     assert created_names(after_crash) == []  # not before the old pods are gone
+
+
+@pytest.mark.parametrize(
+    ("reason", "message", "described"),
+    [
+        ("OOMKilled", None, "pod llm-worker-0 PodFailed with exit code 137: OOMKilled"),
+        ("OOMKilled", "tail", "pod llm-worker-0 PodFailed with exit code 137: OOMKilled: tail"),
+        ("Error", "tail", "pod llm-worker-0 PodFailed with exit code 137: tail"),  # says nothing
+    ],
+)
+def test_the_kubelets_reason_is_named_when_it_says_more_than_error(reason, message, described):
+    failed = pod("llm", 1, phase="Failed", exit_code=137, reason=reason, message=message)
+    assert failure.pod_failure(failed, spec_of()).describe() == described

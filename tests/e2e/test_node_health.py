@@ -1,0 +1,201 @@
+"""A really slow node and a really exhausted memory limit, under the node agent.
+
+A fixed 1 + 2 Shakespeare job (one process per pod, spread over the agent's two
+nodes) trains with ``runPolicy.stragglers: {windows: 2, action: Replace}``. Once
+it has a checkpoint, the node that holds one worker alone is throttled to a
+tenth of its CPU quota (the agent's ``torchfleet.dev/cpu-throttle``: the CFS
+quota a kubelet would set, standing in for a throttled GPU). The trainer's
+per-node compute time singles it out, the operator's Straggler condition names
+it within the windows, and the gang restarts away from it as a disruption: no
+pod of the next gang lands there, and the job succeeds.
+
+A second job's rank allocates past its memory limit on its first gang: the
+kernel OOM-kills it (exit 137, OOMKilled), and restartPolicy ExitCode retries
+it as the signal it is.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+
+from tests.e2e.test_training import corpus_namespace, events, get_job, load_example, wait_job
+from tests.fixtures.e2e import (
+    E2E_NODES,
+    LOCAL_PLACEMENT,
+    NodeAgent,
+    apply_objects,
+    throttled_node,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.timeout(900)]
+
+NAME = "straggler"
+THROTTLE = 0.1
+WINDOWS = 2
+STEPS = 300
+
+
+def spread_shakespeare() -> dict[str, Any]:
+    """examples/shakespeare-ddp.yaml as a 1 + 2 gang of one process per pod,
+    spread over the two agent nodes (2 + 1), slow nodes replaced."""
+    job = load_example("shakespeare-ddp.yaml")
+    job["metadata"]["name"] = NAME
+    spec = job["spec"]
+    spec["processesPerNode"] = 1
+    spec["worker"]["replicas"] = 2
+    spec["runPolicy"]["stragglers"] = {"threshold": 1.3, "windows": WINDOWS, "action": "Replace"}
+    trainer = spec["trainer"]
+    trainer["training"] |= {"steps": STEPS, "globalBatchSize": 12}
+    trainer["parallel"]["dataParallelReplicate"] = 3
+    spread = {
+        "maxSkew": 1,
+        "topologyKey": "kubernetes.io/hostname",
+        "whenUnsatisfiable": "DoNotSchedule",
+        "labelSelector": {"matchLabels": {"torchfleet.dev/job-name": NAME}},
+    }
+    for role in ("master", "worker"):
+        spec[role]["template"]["spec"]["topologySpreadConstraints"] = [spread]
+    return job
+
+
+def pods_by_node(cluster: Any, namespace: str, restart: int) -> dict[str, list[str]]:
+    pods = cluster.get_json("pods", "-n", namespace, "-l", f"torchfleet.dev/restart={restart}")
+    found: dict[str, list[str]] = {}
+    for pod in pods["items"]:
+        node = pod["spec"].get("nodeName")
+        if node and pod["status"].get("phase") == "Running":
+            found.setdefault(node, []).append(pod["metadata"]["name"])
+    return found
+
+
+def condition(job: dict[str, Any], type_: str) -> dict[str, Any]:
+    conditions = (job.get("status") or {}).get("conditions") or ()
+    return next((c for c in conditions if c["type"] == type_), {})
+
+
+def master_steps(agent: NodeAgent, namespace: str) -> list[dict[str, Any]]:
+    return [
+        e
+        for log in agent.logs(namespace, f"{NAME}-master-0", "trainer")
+        for e in events(log, "step")
+    ]
+
+
+def test_a_throttled_node_is_named_and_the_gang_moves_off_it(
+    cluster, node_agent, e2e_operator, job_driver
+):
+    with corpus_namespace(cluster, node_agent, e2e_operator, "e2e-straggler") as namespace:
+        apply_objects(cluster, namespace, spread_shakespeare())
+        placed = job_driver.wait_for(
+            "the gang spread 2 + 1 over the agent's nodes",
+            lambda: (
+                sorted(map(len, (p := pods_by_node(cluster, namespace, 0)).values())) == [1, 2]
+                and p
+            ),
+            timeout=120,
+        )
+        slow_node = next(node for node, pods in placed.items() if len(pods) == 1)
+        assert slow_node in E2E_NODES
+        job_driver.wait_for(
+            "a checkpoint to resume from",
+            lambda: (get_job(cluster, namespace, NAME).get("status") or {}).get("lastCheckpoint"),
+            timeout=300,
+        )
+        before = master_steps(node_agent, namespace)
+        with throttled_node(cluster, slow_node, THROTTLE):
+            throttled_at = time.time()
+            named = job_driver.wait_for(
+                "the Straggler condition",
+                lambda: condition(job := get_job(cluster, namespace, NAME), "Straggler") and job,
+                timeout=180,
+            )
+            detected_after = time.time() - throttled_at
+            restarted = job_driver.wait_for(
+                "the gang restarted away from the slow node",
+                lambda: (
+                    (s := get_job(cluster, namespace, NAME)["status"]).get("restartCount") == 1
+                    and s
+                ),
+                timeout=60,
+            )
+            after = pods_by_node_wait(job_driver, cluster, namespace)
+        job = wait_job(cluster, namespace, NAME, {"Succeeded", "Failed"}, timeout=540)
+
+    straggler = condition(named, "Straggler")
+    assert straggler["status"] == "True" and straggler["reason"] == "SlowNode", straggler
+    assert f"node {slow_node} computes" in straggler["message"], straggler
+    status = job["status"]
+    assert status["phase"] == "Succeeded", status
+    assert status["health"]["avoidedNodes"] == [slow_node]
+    # The node's fault, not the program's: a disruption, not counted.
+    assert restarted["disruptions"] == 1 and restarted["countedRestarts"] == 0, restarted
+    assert slow_node not in after, after
+    # What the straggler cost: the gang's step time before and under the throttle.
+    steps = master_steps(node_agent, namespace)
+    fast = [e["step_seconds"] for e in before[-5:] if "step_seconds" in e]
+    slow = [
+        e["step_seconds"] for e in steps if throttled_at < e["time"] < throttled_at + detected_after
+    ]
+    print(
+        "\nstraggler e2e: "
+        + json.dumps(
+            {
+                "node": slow_node,
+                "throttle": THROTTLE,
+                "condition_after_s": round(detected_after, 1),
+                "step_s_before": fast,
+                "step_s_throttled": slow,
+                "windows": WINDOWS,
+            }
+        )
+    )
+
+
+def pods_by_node_wait(job_driver: Any, cluster: Any, namespace: str) -> dict[str, list[str]]:
+    """The next gang's three pods, once they all run."""
+    return dict(
+        job_driver.wait_for(
+            "the next gang running",
+            lambda: sum(map(len, (p := pods_by_node(cluster, namespace, 1)).values())) == 3 and p,
+            timeout=120,
+        )
+    )
+
+
+OOM_SCRIPT = """
+import os, time
+if os.environ["TORCHFLEET_RESTART_COUNT"] == "0":
+    hog = bytearray(400 << 20)  # past the 128Mi limit: the kernel kills it
+    time.sleep(60)
+print("second gang: within the limit")
+"""
+
+
+def test_a_rank_past_its_memory_limit_is_oom_killed_and_retried(
+    cluster, node_agent, e2e_operator, e2e_namespace, job_driver
+):
+    job = {
+        "apiVersion": "torchfleet.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": "oom"},
+        "spec": {
+            "command": ["python", "-c", OOM_SCRIPT],
+            "processesPerNode": 1,
+            "resources": {"memory": "128Mi"},
+            "runPolicy": {"restartPolicy": "ExitCode", "backoffLimit": 1},
+            "master": {"template": {"spec": dict(LOCAL_PLACEMENT)}},
+        },
+    }
+    apply_objects(cluster, e2e_namespace, job)
+    done = wait_job(cluster, e2e_namespace, "oom", {"Succeeded", "Failed"}, timeout=120)
+    status = done["status"]
+    assert status["phase"] == "Succeeded", status
+    # ExitCode: 137 is a signal, retried and counted (the program asked for too much).
+    assert status["restartCount"] == 1 and status["countedRestarts"] == 1, status
+    restarts = [e for e in job_driver.events(e2e_namespace, "oom") if e["reason"] == "PodFailed"]
+    assert restarts and "exit code 137" in restarts[0]["message"], restarts
+    assert "OOMKilled" in restarts[0]["message"], restarts
