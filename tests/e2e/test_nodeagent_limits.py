@@ -93,24 +93,37 @@ def memory_pod(name: str, limit: str, allocate_mib: int) -> dict[str, Any]:
     return python_pod(name, ALLOCATE, container=container)
 
 
+# As torchrun with a worker the kernel killed: the main process survives and
+# exits 1.
+CHILD_ALLOCATES = """
+    import subprocess, sys
+    allocate = "blocks = [bytearray(b'x' * 2**20) for _ in range(%s)]" % sys.argv[1]
+    worker = subprocess.run([sys.executable, "-c", allocate])
+    print("worker exited", worker.returncode, flush=True)
+    sys.exit(1)
+"""
+
+
 @pytest.mark.e2e
 @pytest.mark.cluster
 def test_a_pod_past_its_memory_limit_is_oom_killed(cluster, namespace, node_agent):
+    limit = {"resources": {"limits": {"memory": "64Mi"}}}
     suicide = python_pod(
-        "sigkilled",
-        "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
-        container={"resources": {"limits": {"memory": "64Mi"}}},
+        "sigkilled", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)", container=limit
     )
+    launcher = python_pod("launcher", CHILD_ALLOCATES, container={**limit, "args": ["256"]})
     apply(
         cluster,
         namespace,
         memory_pod("hog", "64Mi", allocate_mib=256),
         memory_pod("fits", "128Mi", allocate_mib=16),
         suicide,
+        launcher,
     )
     hog = wait_phase(cluster, namespace, "hog", {"Succeeded", "Failed"})
     fits = wait_phase(cluster, namespace, "fits", {"Succeeded", "Failed"})
     sigkilled = wait_phase(cluster, namespace, "sigkilled", {"Succeeded", "Failed"})
+    launched = wait_phase(cluster, namespace, "launcher", {"Succeeded", "Failed"})
 
     assert hog["status"]["phase"] == "Failed"
     assert terminated(hog)["exitCode"] == 137
@@ -122,6 +135,11 @@ def test_a_pod_past_its_memory_limit_is_oom_killed(cluster, namespace, node_agen
     # reason comes from the cgroup's OOM count, not from the 137.
     assert terminated(sigkilled)["exitCode"] == 137
     assert terminated(sigkilled)["reason"] == "Error"
+    # An OOM kill of a process the main one started names the reason too, as
+    # containerd reports it; the exit code stays the main process's own.
+    assert node_agent.logs(namespace, "launcher", "main") == ["worker exited -9\n"]
+    assert terminated(launched)["exitCode"] == 1
+    assert terminated(launched)["reason"] == "OOMKilled"
 
 
 # ---- CPU ------------------------------------------------------------------------------
