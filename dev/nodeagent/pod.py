@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -228,8 +229,9 @@ class PodRunner:
                 run.restart_count += 1
             try:
                 runtime.start_container(self.sandbox, run, self.cpu_throttle)
-            except OSError as error:
-                # Its cgroups could not be set up: fail the pod once, not every pass.
+            except (OSError, subprocess.SubprocessError) as error:
+                # Its cgroups could not be set up or joined (the latter raises
+                # from the child's preexec_fn): fail the pod once, not every pass.
                 self.failure = f"container {run.launch.name} could not start: {error}"
                 log.error("pod %s: %s", self.key, self.failure)
                 return True

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.test_nodeagent import python_pod, terminated, wait_phase
-from tests.fixtures.e2e import E2E_NODES, LOCAL_NODE_LABEL
+from tests.fixtures.e2e import E2E_NODES, LOCAL_NODE_LABEL, throttled_node
 from tests.fixtures.e2e import apply_objects as apply
 from tests.fixtures.poll import wait_for
 
@@ -196,13 +196,6 @@ def cpu_rates(cpuacct_dirs: dict[str, Path]) -> dict[str, float]:
     }
 
 
-def set_throttle(cluster: Any, node: str, value: str | None) -> None:
-    """The node annotation a test sets (None removes it)."""
-    name = cgroups.THROTTLE_ANNOTATION
-    annotation = f"{name}={value}" if value is not None else f"{name}-"
-    cluster.kubectl("annotate", "node", node, annotation, "--overwrite")
-
-
 def quota(cgroup: dict[str, Path]) -> int:
     return int((cgroup["cpu"] / "cpu.cfs_quota_us").read_text())
 
@@ -231,18 +224,14 @@ def test_cpu_limits_and_the_node_throttle_hold_a_pods_whole_tree(cluster, namesp
     assert rates["free"] > rates["limited"], rates
     free_cap = THROTTLE * cgroups.machine_cpus()
 
-    try:
-        set_throttle(cluster, node, str(THROTTLE))
+    with throttled_node(cluster, node, THROTTLE):
         wait_for(
             "the agent to apply the throttle",
             lambda: quota(limited) == 2_000 and quota(free) == int(free_cap * 100_000),
             timeout=5,
         )
         throttled = cpu_rates({"limited": limited["cpuacct"], "free": free["cpuacct"]})
-        set_throttle(cluster, node, None)
-        wait_for("the throttle lifted", lambda: quota(limited) == 20_000, timeout=5)
-    finally:
-        set_throttle(cluster, node, None)
+    wait_for("the throttle lifted", lambda: quota(limited) == 20_000, timeout=5)
 
     # The limited pod runs at a tenth of its limit; the unlimited one at a
     # tenth of the machine's CPUs.
