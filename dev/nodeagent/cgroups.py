@@ -50,7 +50,7 @@ NO_QUOTA = -1
 CPU, CPUACCT, MEMORY = "cpu", "cpuacct", "memory"
 CONTROLLERS = (CPU, CPUACCT, MEMORY)
 
-# ---- pure: limits, quotas, the throttle ------------------------------------------
+# ---- pure: quotas, the throttle, what /proc says ----------------------------------
 
 
 def cfs_quota_us(limit_millicpu: int | None, throttle: float, machine_cpus: int) -> int:
