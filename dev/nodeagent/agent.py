@@ -1,9 +1,11 @@
 """The node agent: a kubelet stand-in that runs pods as local processes.
 
-Three threads: one keeps a cache of every pod from a list+watch, one renews
-the nodes' Leases and status, and the main loop reconciles: it starts pods
-bound to its nodes, polls their processes, writes their status back, refreshes
-each pod's /etc/hosts, and stops and removes pods being deleted.
+Threads: two keep caches from a list+watch (every pod; the agent's own Node
+objects, for their CPU throttle annotation), one renews the nodes' Leases and
+status, one provisions volumes, and the main loop reconciles: it starts pods
+bound to its nodes, polls their processes, applies the nodes' CPU throttle to
+their cgroups, writes their status back, refreshes each pod's /etc/hosts, and
+stops and removes pods being deleted.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from kubernetes.client.exceptions import ApiException
 
 from . import network
 from . import node as nodes
+from .cgroups import THROTTLE_ANNOTATION, CgroupRoot, parse_throttle
 from .hosts import PeerAddress, peer_at, peer_from_pod, render_hosts
 from .kube import Kube
 from .pod import NodeContext, PodRunner
@@ -67,17 +70,52 @@ def base_env(config: AgentConfig) -> dict[str, str]:
     }
 
 
+class Mirror:
+    """One kind of object as the API server last listed and watched it."""
+
+    def __init__(self, key: Callable[[Mapping[str, Any]], str]) -> None:
+        self.key = key
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.lock = threading.Lock()
+        self.synced = threading.Event()
+
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        with self.lock:
+            return dict(self.objects)
+
+    def replace(self, items: list[dict[str, Any]]) -> None:
+        with self.lock:
+            self.objects = {self.key(item): item for item in items}
+        self.synced.set()
+
+    def apply(self, event: Mapping[str, Any]) -> None:
+        kind = event["type"]
+        item = event["raw_object"]
+        if kind == "ERROR":
+            raise RuntimeError(f"watch error: {item.get('message')}")
+        if kind == "BOOKMARK":
+            return
+        with self.lock:
+            if kind == "DELETED":
+                self.objects.pop(self.key(item), None)
+            else:
+                self.objects[self.key(item)] = item
+
+
 class Agent:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
         self.kube = Kube(config.kubeconfig)
         self.bridge = network.Bridge(config.bridge, config.cidr)
+        self.cgroups = CgroupRoot.discover(config.session)
         self.contexts = {
             name: self._node_context(index, name) for index, name in enumerate(config.node_names)
         }
-        self.pods: dict[str, dict[str, Any]] = {}
-        self.pods_lock = threading.Lock()
-        self.synced = threading.Event()
+        self.pods = Mirror(lambda pod: str(pod["metadata"]["uid"]))
+        self.nodes = Mirror(lambda node: str(node["metadata"]["name"]))
+        # The CPU throttle each node's annotation last asked for (1.0: none).
+        self.throttles: dict[str, float] = {}
+        self.bad_throttles: dict[str, str] = {}
         self.stopping = threading.Event()
         self.runners: dict[str, PodRunner] = {}
         self.reported: dict[str, str] = {}
@@ -99,6 +137,7 @@ class Agent:
             base_env=base_env(self.config),
             read_config=self.kube.read_config_map,
             read_secret=self.kube.read_secret,
+            cgroups=self.cgroups.node(name),
         )
 
     def pod_range(self, name: str) -> str:
@@ -113,6 +152,8 @@ class Agent:
             network.delete_pod_network(stale)
         self.bridge.ensure()
         self.config.state_dir.mkdir(parents=True, exist_ok=True)
+        for context in self.contexts.values():
+            context.cgroups.remove_stale()
         self.node_uids = {}
         for name in self.config.node_names:
             self.node_uids[name] = self.kube.register_node(
@@ -120,10 +161,31 @@ class Agent:
             )
         self._heartbeat()
         self.provisioner.ensure_storage_class()
-        threading.Thread(target=self._watch_pods, name="watch", daemon=True).start()
+        selector = f"{nodes.LOCAL_NODE_LABEL}={self.config.session}"
+        mirrors: list[tuple[str, Mirror, Callable[[], Any], Callable[[str], Any]]] = [
+            (
+                "pods",
+                self.pods,
+                self.kube.list_pods,
+                lambda version: self.kube.watch_pods(version, timeout_seconds=120),
+            ),
+            (
+                "nodes",
+                self.nodes,
+                lambda: self.kube.list_nodes(selector),
+                lambda version: self.kube.watch_nodes(selector, version, timeout_seconds=120),
+            ),
+        ]
+        for name, mirror, list_objects, watch_objects in mirrors:
+            threading.Thread(
+                target=self._keep_mirrored,
+                args=(name, mirror, list_objects, watch_objects),
+                name=f"watch-{name}",
+                daemon=True,
+            ).start()
         threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True).start()
         threading.Thread(target=self._provision, name="storage", daemon=True).start()
-        if not self.synced.wait(60):
+        if not self.pods.synced.wait(60):
             raise RuntimeError("could not list pods from the API server within 60s")
         log.info(
             "nodes %s ready; state in %s", ", ".join(self.config.node_names), self.config.state_dir
@@ -149,6 +211,7 @@ class Agent:
         for stale in network.stale_pod_networks(self.bridge):
             network.delete_pod_network(stale)
         self.bridge.remove()
+        self.cgroups.remove_all()
         for path in sorted(self.created_mountpoints, key=len, reverse=True):
             with contextlib.suppress(OSError):
                 # A file it created to bind one over (a termination message path).
@@ -161,36 +224,27 @@ class Agent:
         except Exception as error:  # best effort on the way out
             log.warning("on shutdown: %s", error)
 
-    # ---- the pod cache ---------------------------------------------------------------
+    # ---- the caches ---------------------------------------------------------------------
 
-    def _watch_pods(self) -> None:
+    def _keep_mirrored(
+        self,
+        name: str,
+        mirror: Mirror,
+        list_objects: Callable[[], tuple[list[dict[str, Any]], str]],
+        watch_objects: Callable[[str], Iterator[dict[str, Any]]],
+    ) -> None:
         while not self.stopping.is_set():
             try:
-                items, version = self.kube.list_pods()
-                with self.pods_lock:
-                    self.pods = {p["metadata"]["uid"]: p for p in items}
-                self.synced.set()
-                for event in self.kube.watch_pods(version, timeout_seconds=120):
-                    self._apply_event(event)
+                items, version = list_objects()
+                mirror.replace(items)
+                for event in watch_objects(version):
+                    mirror.apply(event)
                     if self.stopping.is_set():
                         return
             except Exception as error:
                 # A 410 Gone or a dropped connection: list afresh.
-                log.info("pod watch restarting: %s", error)
+                log.info("%s watch restarting: %s", name, error)
                 time.sleep(0.5)
-
-    def _apply_event(self, event: Mapping[str, Any]) -> None:
-        kind = event["type"]
-        pod = event["raw_object"]
-        if kind == "ERROR":
-            raise RuntimeError(f"watch error: {pod.get('message')}")
-        if kind == "BOOKMARK":
-            return
-        with self.pods_lock:
-            if kind == "DELETED":
-                self.pods.pop(pod["metadata"]["uid"], None)
-            else:
-                self.pods[pod["metadata"]["uid"]] = pod
 
     # ---- heartbeats ------------------------------------------------------------------
 
@@ -228,8 +282,8 @@ class Agent:
             self.stopping.wait(LOOP_SECONDS)
 
     def reconcile(self) -> None:
-        with self.pods_lock:
-            pods = dict(self.pods)
+        pods = self.pods.snapshot()
+        self._read_throttles()
         mine = {
             uid: pod
             for uid, pod in pods.items()
@@ -244,9 +298,28 @@ class Agent:
                 self._finish(runner, current)
                 continue
             runner.update_pod(current)
+            runner.set_cpu_throttle(self.throttles.get(runner.node.node_name, 1.0))
             runner.tick()
             self._report(runner)
         self._refresh_hosts(pods)
+
+    def _read_throttles(self) -> None:
+        """Each node's CPU throttle from its annotation; a bad value is an error
+        in the log (once per value) and throttles nothing."""
+        for name, node in self.nodes.snapshot().items():
+            value = (node["metadata"].get("annotations") or {}).get(THROTTLE_ANNOTATION)
+            try:
+                factor = parse_throttle(value)
+            except ValueError as error:
+                if self.bad_throttles.get(name) != value:
+                    log.error("node %s: %s; its pods are not throttled", name, error)
+                    self.bad_throttles[name] = str(value)
+                factor = 1.0
+            else:
+                self.bad_throttles.pop(name, None)
+            if self.throttles.get(name, 1.0) != factor:
+                log.info("node %s: CPU throttle %s", name, factor)
+            self.throttles[name] = factor
 
     def _admit(self, pod: dict[str, Any], pods: Mapping[str, dict[str, Any]]) -> None:
         """Starts a pod new to this node; a pod that is already terminal,
@@ -272,7 +345,9 @@ class Agent:
                 },
             )
             return
-        runner = PodRunner(pod, self.contexts[pod["spec"]["nodeName"]])
+        node_name = pod["spec"]["nodeName"]
+        runner = PodRunner(pod, self.contexts[node_name])
+        runner.cpu_throttle = self.throttles.get(node_name, 1.0)
         self.runners[uid] = runner
         peers = self._peers(pods)
         runner.start(lambda ip: render_hosts(peer_at(pod, ip), peers))

@@ -33,6 +33,7 @@ class Kube:
         path: str,
         body: Any = None,
         content_type: str = "application/json",
+        query: list[tuple[str, str]] | None = None,
     ) -> Any:
         """One API call on plain JSON; raises ApiException on an error status."""
         headers = {"Accept": "application/json"}
@@ -41,6 +42,7 @@ class Kube:
         params = self.api_client.param_serialize(
             method=method,
             resource_path=path,
+            query_params=query,
             header_params=headers,
             body=body,
             auth_settings=["BearerToken"],
@@ -76,6 +78,24 @@ class Kube:
 
     def patch_node_status(self, name: str, status: dict[str, Any]) -> None:
         self.request("PATCH", f"/api/v1/nodes/{name}/status", {"status": status}, STRATEGIC_MERGE)
+
+    def list_nodes(self, label_selector: str) -> tuple[list[dict[str, Any]], str]:
+        query = [("labelSelector", label_selector)]
+        listing = self.request("GET", "/api/v1/nodes", query=query)
+        return listing["items"], listing["metadata"]["resourceVersion"]
+
+    def watch_nodes(
+        self, label_selector: str, resource_version: str, timeout_seconds: int
+    ) -> Iterator[dict[str, Any]]:
+        """Watch events ({type, raw_object}) of the selected nodes."""
+        stream = watch.Watch().stream(
+            self.core.list_node,
+            label_selector=label_selector,
+            resource_version=resource_version,
+            timeout_seconds=timeout_seconds,
+            allow_watch_bookmarks=True,
+        )
+        yield from stream
 
     def delete_node(self, name: str) -> None:
         self._ignore((404,), "DELETE", f"/api/v1/nodes/{name}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from . import network, podspec, runtime
+from .cgroups import NodeCgroups
 
 log = logging.getLogger("nodeagent.pod")
 
@@ -33,6 +35,8 @@ class NodeContext:
     base_env: Mapping[str, str]
     read_config: podspec.DataLookup
     read_secret: podspec.DataLookup
+    # Where this node's pods' cgroups go (only the usable controllers).
+    cgroups: NodeCgroups
 
     def claim_dir(self, namespace: str, claim: str) -> Path:
         path = self.state_dir / "volumes" / namespace / claim
@@ -85,6 +89,8 @@ class PodRunner:
         self.started_at = runtime.now_rfc3339()
         self.failure: str | None = None
         self.stopped = False
+        # The node's CPU throttle (1.0: none), applied to each container's quota.
+        self.cpu_throttle = 1.0
 
     # ---- start ----------------------------------------------------------------
 
@@ -165,12 +171,21 @@ class PodRunner:
                 if runtime.prepare_mountpoint(mount) and self.sandbox:
                     self.sandbox.created_mountpoints.append(mount.target)
             name = launch.name
+            unenforced = self.node.cgroups.unenforced(launch.limits)
+            if unenforced:
+                log.error(
+                    "%s/%s: %s not enforced (cgroup controller unusable, see the agent's start)",
+                    self.key,
+                    name,
+                    " and ".join(unenforced),
+                )
             runs.append(
                 runtime.ContainerRun(
                     launch,
                     log_path=self.pod_dir / "logs" / f"{name}.log",
                     plan_path=self.pod_dir / f"launch-{name}.json",
                     message_path=message,
+                    cgroup=self.node.cgroups.container(self.uid, name, launch.limits),
                 )
             )
         return runs
@@ -212,7 +227,14 @@ class PodRunner:
         for run in self._due_runs():
             if run.exit_code is not None:
                 run.restart_count += 1
-            runtime.start_container(self.sandbox, run)
+            try:
+                runtime.start_container(self.sandbox, run, self.cpu_throttle)
+            except (OSError, subprocess.SubprocessError) as error:
+                # Its cgroups could not be set up or joined (the latter raises
+                # from the child's preexec_fn): fail the pod once, not every pass.
+                self.failure = f"container {run.launch.name} could not start: {error}"
+                log.error("pod %s: %s", self.key, self.failure)
+                return True
             log.info(
                 "%s/%s started (pid %s)", self.key, run.launch.name, run.process and run.process.pid
             )
@@ -246,6 +268,19 @@ class PodRunner:
             return False
         run.next_start = 0.0
         return True
+
+    def set_cpu_throttle(self, factor: float) -> None:
+        """The node's CPU throttle changed (or not): rescale the running
+        containers' CFS quotas; the next to start gets it too."""
+        self.cpu_throttle = factor
+        if self.stopped:
+            return
+        for run in self.init_runs + self.runs:
+            if run.running and run.cgroup is not None:
+                try:
+                    run.cgroup.apply_throttle(factor)
+                except OSError as error:  # it is just exiting, its cgroup going
+                    log.warning("%s/%s: cannot throttle: %s", self.key, run.launch.name, error)
 
     # ---- status ---------------------------------------------------------------
 
@@ -334,7 +369,8 @@ class PodRunner:
             runtime.poll_container(run)  # its exit, for the last status report
 
     def teardown(self) -> None:
-        """Frees the network and the pod's volumes; logs stay for reading."""
+        """Frees the network, the pod's cgroups and volumes; logs stay for reading."""
+        self.node.cgroups.remove_pod(self.uid)
         if self.net is not None:
             network.delete_pod_network(self.net.netns)
             self.node.addresses.release(self.net.ip)

@@ -7,6 +7,7 @@ translation is tested with plain dicts.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -36,12 +37,21 @@ class Mount:
 
 
 @dataclass(frozen=True)
+class Limits:
+    """What a container's ``resources.limits`` asks the node to enforce."""
+
+    millicpu: int | None = None
+    memory_bytes: int | None = None
+
+
+@dataclass(frozen=True)
 class ContainerLaunch:
     name: str
     argv: list[str]
     env: dict[str, str]
     working_dir: str
     mounts: list[Mount] = field(default_factory=list)
+    limits: Limits = field(default_factory=Limits)
 
 
 @dataclass(frozen=True)
@@ -78,6 +88,29 @@ def quantity_bytes(quantity: str, where: str) -> int:
     if not match:
         raise PodSpecError(f"{where}: {quantity!r} is not a memory quantity")
     return int(float(match.group(1)) * _QUANTITY_FACTORS[match.group(2)])
+
+
+_CPU_QUANTITY = re.compile(r"([0-9]+(?:\.[0-9]*)?)(m)?")
+
+
+def quantity_millicpu(quantity: Any, where: str) -> int:
+    """A CPU quantity ("200m", "1", "0.5", 2) in thousandths of a CPU, rounded
+    up as the API server rounds it."""
+    match = _CPU_QUANTITY.fullmatch(str(quantity).strip())
+    if not match:
+        raise PodSpecError(f"{where}: {quantity!r} is not a CPU quantity")
+    number = float(match.group(1))
+    return math.ceil(number if match.group(2) else number * 1000)
+
+
+def container_limits(container: Mapping[str, Any]) -> Limits:
+    limits = (container.get("resources") or {}).get("limits") or {}
+    where = f"containers[{container.get('name')}].resources.limits"
+    cpu, memory = limits.get("cpu"), limits.get("memory")
+    return Limits(
+        millicpu=None if cpu is None else quantity_millicpu(cpu, f"{where}.cpu"),
+        memory_bytes=None if memory is None else quantity_bytes(memory, f"{where}.memory"),
+    )
 
 
 _VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
@@ -328,4 +361,5 @@ def container_launch(
         env=dict(env),
         working_dir=container.get("workingDir") or default_working_dir,
         mounts=container_mounts(container, sources),
+        limits=container_limits(container),
     )

@@ -18,12 +18,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from .cgroups import ContainerCgroup
 from .podspec import ContainerLaunch, Mount
 
 log = logging.getLogger("nodeagent.runtime")
@@ -44,6 +45,20 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def _before_exec(run: ContainerRun) -> Callable[[], None]:
+    """What the container's first process does before it executes nsenter: join
+    the container's cgroups (so every process it forks is inside them, limits
+    included) and die with the agent."""
+    join = run.cgroup.joiner() if run.cgroup is not None else None
+
+    def prepare() -> None:
+        if join is not None:
+            join()
+        _die_with_parent()
+
+    return prepare
+
+
 @dataclass
 class ContainerRun:
     """One container's current (or last) process."""
@@ -59,6 +74,10 @@ class ContainerRun:
     next_start: float = 0.0
     # The container's termination message file (terminationMessagePath).
     message_path: Path | None = None
+    # Where its limits are enforced; None on a node without usable cgroups.
+    cgroup: ContainerCgroup | None = None
+    # The kernel OOM-killed a process of this run (read from its memory cgroup).
+    oom_killed: bool = False
 
     @property
     def running(self) -> bool:
@@ -67,6 +86,11 @@ class ContainerRun:
     def state(self) -> dict[str, Any]:
         if self.exit_code is not None:
             reason = "Completed" if self.exit_code == 0 else "Error"
+            if self.oom_killed:
+                # As containerd reports it: an OOM kill in the container's cgroup
+                # names the reason whatever the exit code (a torchrun whose
+                # worker was killed exits 1, its pod still reads OOMKilled).
+                reason = "OOMKilled"
             terminated = {
                 "exitCode": self.exit_code,
                 "reason": reason,
@@ -151,8 +175,11 @@ def prepare_mountpoint(mount: Mount) -> bool:
     return True
 
 
-def start_container(sandbox: PodSandbox, run: ContainerRun) -> None:
-    """Starts the container's init (podinit.py) in the pod's namespaces."""
+def start_container(sandbox: PodSandbox, run: ContainerRun, cpu_throttle: float = 1.0) -> None:
+    """Starts the container's init (podinit.py) in the pod's namespaces, in its
+    cgroups (limits set, the node's CPU throttle applied)."""
+    if run.cgroup is not None:
+        run.cgroup.prepare(cpu_throttle)
     plan = asdict(run.launch)
     plan.update(
         hostname=sandbox.hostname,
@@ -191,11 +218,12 @@ def start_container(sandbox: PodSandbox, run: ContainerRun) -> None:
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=_before_exec(run),
         )
     run.started_at = now_rfc3339()
     run.finished_at = None
     run.exit_code = None
+    run.oom_killed = False
 
 
 def poll_container(run: ContainerRun) -> bool:
@@ -208,6 +236,7 @@ def poll_container(run: ContainerRun) -> bool:
         return False
     run.exit_code = 128 - code if code < 0 else code
     run.finished_at = now_rfc3339()
+    run.oom_killed = run.cgroup is not None and run.cgroup.oom_killed()
     return True
 
 
