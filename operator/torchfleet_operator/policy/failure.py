@@ -43,6 +43,8 @@ from torchfleet_operator.policy import finish
 # Exit codes from 128 up mean "killed by signal (code - 128)": 137 = SIGKILL
 # (often the OOM killer), 143 = SIGTERM (preemption, drain).
 FIRST_SIGNAL_EXIT_CODE = 128
+# The kubelet's reason for a container the kernel's OOM killer ended.
+OOM_KILLED = "OOMKilled"
 
 
 @dataclass(frozen=True)
@@ -220,7 +222,7 @@ def pod_failure(pod: ObservedPod, spec: TrainingJobSpec) -> Failure:
     policy = spec.run_policy
     retryable = exit_is_retryable(
         policy.restart_policy,
-        pod.exit_code,
+        _judged_exit_code(pod),
         policy.retryable_exit_codes or (),
         policy.permanent_exit_codes or (),
     )
@@ -233,6 +235,14 @@ def pod_failure(pod: ObservedPod, spec: TrainingJobSpec) -> Failure:
         False,
         pod.finished_at,
     )
+
+
+def _judged_exit_code(pod: ObservedPod) -> int | None:
+    """The exit code the policy judges: an OOM kill is a signal (137) whatever the
+    container's main process made of it (torchrun exits 1 when the kernel kills
+    one of its workers; the kubelet still says OOMKilled)."""
+    oom_killed = pod.reason == OOM_KILLED and (pod.exit_code or 0) < FIRST_SIGNAL_EXIT_CODE
+    return FIRST_SIGNAL_EXIT_CODE + 9 if oom_killed else pod.exit_code
 
 
 def _with_container_reason(pod: ObservedPod) -> str:

@@ -226,3 +226,18 @@ def test_a_restart_recorded_before_a_crash_deletes_the_old_gang_and_counts_once(
 def test_the_kubelets_reason_is_named_when_it_says_more_than_error(reason, message, described):
     failed = pod("llm", 1, phase="Failed", exit_code=137, reason=reason, message=message)
     assert failure.pod_failure(failed, spec_of()).describe() == described
+
+
+@pytest.mark.parametrize(
+    ("code", "reason", "retryable"),
+    [
+        (1, "OOMKilled", True),  # torchrun's exit after the kernel killed a worker
+        (1, "Error", False),  # the program's own error
+        (137, "OOMKilled", True),
+    ],
+)
+def test_an_oom_kill_is_a_signal_whatever_the_main_process_exits(code, reason, retryable):
+    failed = pod("llm", 1, phase="Failed", exit_code=code, reason=reason)
+    judged = failure.pod_failure(failed, spec_of(runPolicy={"restartPolicy": "ExitCode"}))
+    assert judged.retryable is retryable
+    assert judged.exit_code == code  # reported as it was
