@@ -27,7 +27,11 @@ class TrainerProcess:
     """``python -m torchfleet_trainer.main`` in its own session, stdout parsed as events."""
 
     def __init__(
-        self, args: list[str], env: dict[str, str] | None = None, cpus: set[int] | None = None
+        self,
+        args: list[str],
+        env: dict[str, str] | None = None,
+        cpus: set[int] | None = None,
+        preexec: Callable[[], None] | None = None,
     ) -> None:
         full_env = trainer_env()
         full_env.update(env or {})
@@ -38,6 +42,7 @@ class TrainerProcess:
             stderr=subprocess.PIPE,
             text=True,
             start_new_session=True,
+            preexec_fn=preexec,  # e.g. joining a cgroup before it runs anything
         )
         if cpus:
             # Before the interpreter has started a thread: every thread it starts
