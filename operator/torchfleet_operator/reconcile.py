@@ -135,6 +135,7 @@ def _active(step: Pass, spec: TrainingJobSpec) -> Plan:
         if step.phase == c.PHASE_FAILED:
             return finish.finished(step, spec)
     if found:
+        health.collectives_failed(step, found, current)
         return failure.on_failure(step, spec, current, restart, found)
     found = health.judge(step, spec, current)
     if found:  # a slow node replaced, a stalled gang restarted

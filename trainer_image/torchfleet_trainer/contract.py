@@ -449,6 +449,10 @@ METRIC_PREFLIGHT_NODE_PASSED = "torchfleet_preflight_node_passed"
 METRIC_PREFLIGHT_BUS_BANDWIDTH = "torchfleet_preflight_allreduce_bus_bytes_per_second"
 METRIC_PREFLIGHT_PASSED = "torchfleet_preflight_passed"
 METRIC_PREFLIGHT_SECONDS = "torchfleet_preflight_seconds"
+# torchfleet-train's exit code when a collective of the preflight check failed or
+# timed out: a node or link of the gang is at fault; >= 128, so restartPolicy
+# ExitCode retries it, and the operator names it in the Preflight condition.
+EXIT_PREFLIGHT_FAILED = 201
 
 
 def node_name(env: Mapping[str, str] | None = None) -> str:

@@ -81,6 +81,7 @@ REASON_SLOW_NODE: Final = "SlowNode"  # Straggler True; the Replace restart's re
 REASON_NODES_EVEN: Final = "NodesEven"  # Straggler False
 REASON_PREFLIGHT_PASSED: Final = "PreflightPassed"
 REASON_PREFLIGHT_SLOW_NODE: Final = "PreflightSlowNode"  # Preflight False; Replace's reason
+REASON_PREFLIGHT_COLLECTIVE_FAILED: Final = "PreflightCollectiveFailed"  # Preflight False
 REASON_STEP_STALLED: Final = "StepStalled"  # Stalled True; the Restart's reason too
 REASON_STEP_MOVING: Final = "StepMoving"  # Stalled False
 

@@ -271,6 +271,22 @@ def _preflight(
     return _replace(step, health, names, gang, r.REASON_PREFLIGHT_SLOW_NODE, message)
 
 
+def collectives_failed(step: Pass, found: list[Failure], gang: list[ObservedPod]) -> None:
+    """The Preflight condition when the gang ends because a collective of the
+    trainer's preflight check failed or timed out (its own exit code): the nodes
+    of the pods that said so. The failure policy restarts the gang as usual."""
+    failed = [f for f in found if f.exit_code == contract.EXIT_PREFLIGHT_FAILED]
+    if not failed:
+        return
+    nodes = {p.name: p.node_name for p in gang}
+    named = ", ".join(f"{f.pod} (node {nodes.get(f.pod) or 'unknown'})" for f in failed[:5])
+    message = (
+        f"a collective of the preflight check failed or timed out on {named} (exit code "
+        f"{contract.EXIT_PREFLIGHT_FAILED}): a node or link of this gang, not the program"
+    )
+    _warn(step, r.CONDITION_PREFLIGHT, False, r.REASON_PREFLIGHT_COLLECTIVE_FAILED, message)
+
+
 # ---- a step counter that stands still ----
 
 

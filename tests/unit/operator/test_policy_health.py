@@ -10,11 +10,12 @@ import pytest
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.build.pods import build_pod
 from torchfleet_operator.policy import health
+from torchfleet_operator.reconcile import plan
 from torchfleet_operator.status.conditions import find
 from torchfleet_operator.status.node_health import GangHealth, NodeFigures, health_from_samples
 from torchfleet_trainer import contract as k
 
-from .builders import a_pass, gang, observed, running_status, spec_of, stamp
+from .builders import CONFIG, a_pass, at, gang, job, observed, running_status, spec_of, stamp
 
 NODES = ("node-a", "node-b", "node-c")
 
@@ -208,3 +209,17 @@ def test_pods_sharing_a_node_are_as_slow_as_the_slowest():
     health.judge(step, spec_of(), shared)
     (node,) = step.status["health"]["nodes"]
     assert node["node"] == "node-a" and node["stragglerScore"] == 2.0
+
+
+def test_a_failed_preflight_collective_names_the_nodes_of_the_pods_that_said_so():
+    failed = pods()
+    failed[1] = failed[1].__class__(
+        **{**failed[1].__dict__, "phase": "Failed", "exit_code": k.EXIT_PREFLIGHT_FAILED}
+    )
+    seen = observed(*failed)
+    decided = plan(job(status=running_status()), seen, at(10), CONFIG)
+    preflight = find(decided.status["conditions"], "Preflight")
+    assert preflight and preflight["status"] == "False"
+    assert preflight["reason"] == "PreflightCollectiveFailed"
+    assert "llm-worker-0 (node node-b)" in preflight["message"]
+    assert decided.status["restartCount"] == 1  # retried as any failure is
