@@ -140,6 +140,13 @@ TEMPLATE_CASES: tuple[Invalid, ...] = (
         nested("master.template.spec.containers", [{"image": "sidecar:1"}]),
     ),
     _case(
+        # The API server refuses them on pod creation: refused at apply instead.
+        "template-ephemeral-containers",
+        f"{TEMPLATE}.ephemeralContainers",
+        nested("worker.template.spec.ephemeralContainers", [{"name": "debug", "image": "b"}]),
+        says="at most 0 items",
+    ),
+    _case(
         "template-unknown-field",
         f"{TEMPLATE}.nodeSelectorr",
         nested("worker.template.spec.nodeSelectorr", {"gpu": "h100"}),
