@@ -455,3 +455,76 @@ def node_name(env: Mapping[str, str] | None = None) -> str:
     """The node this process runs on: $TORCHFLEET_NODE_NAME, else the host name."""
     env = os.environ if env is None else env
     return env.get(NODE_NAME) or socket.gethostname()
+
+
+# ---- collective timeouts, kept logs, in-place restarts (issue 33) -----------------------
+# How long a rank waits in a collective for a peer before it gives up and exits
+# with the launcher's EXIT_COLLECTIVE_FAILED (202, retryable). Seconds, > 0.
+# COLLECTIVE_INIT_TIMEOUT covers process-group set-up, the resume, preflight, the
+# first steps (compilation) and every checkpoint save; after the first steps the
+# trainer tightens it to COLLECTIVE_TRAIN_TIMEOUT, or 20 x the slowest rank's
+# steady step time where that is longer (the value is the floor).
+COLLECTIVE_INIT_TIMEOUT = "TORCHFLEET_COLLECTIVE_INIT_TIMEOUT_SECONDS"
+COLLECTIVE_TRAIN_TIMEOUT = "TORCHFLEET_COLLECTIVE_TRAIN_TIMEOUT_SECONDS"
+DEFAULT_COLLECTIVE_INIT_TIMEOUT = 600.0
+DEFAULT_COLLECTIVE_TRAIN_TIMEOUT = 120.0
+
+# Every rank's stdout and stderr is kept on the checkpoint volume, under
+# <checkpoint dir>/logs/gen-<RESTART_COUNT>/round-<in-place round>/rank-<rank>.log
+# (launch.py says more): LOG_KEEP_GENERATIONS is how many gang generations keep
+# theirs (the newest; 0 keeps none and writes none), LOG_MAX_BYTES caps each
+# file (the tail is kept: past the cap the file moves to <name>.1, replacing the
+# one before, and a new one starts).
+LOG_KEEP_GENERATIONS = "TORCHFLEET_LOG_KEEP_GENERATIONS"
+LOG_MAX_BYTES = "TORCHFLEET_LOG_MAX_BYTES"
+DEFAULT_LOG_KEEP_GENERATIONS = 5
+DEFAULT_LOG_MAX_BYTES = 8 * 1024 * 1024
+LOGS_SUBDIR = "logs"
+
+
+@dataclass(frozen=True)
+class RecoverySettings:
+    """The trainer's side of recovery: collective timeouts and kept logs."""
+
+    collective_init_timeout: float = DEFAULT_COLLECTIVE_INIT_TIMEOUT
+    collective_train_timeout: float = DEFAULT_COLLECTIVE_TRAIN_TIMEOUT
+    log_keep_generations: int = DEFAULT_LOG_KEEP_GENERATIONS
+    log_max_bytes: int = DEFAULT_LOG_MAX_BYTES
+
+    def __post_init__(self) -> None:
+        for name, seconds in (
+            (COLLECTIVE_INIT_TIMEOUT, self.collective_init_timeout),
+            (COLLECTIVE_TRAIN_TIMEOUT, self.collective_train_timeout),
+        ):
+            if not seconds > 0:
+                raise ContractError(f"{name} must be > 0 seconds, got {seconds}")
+        if self.log_keep_generations < 0:
+            raise ContractError(
+                f"{LOG_KEEP_GENERATIONS} must be >= 0, got {self.log_keep_generations}"
+            )
+        if self.log_max_bytes < 1024:
+            raise ContractError(f"{LOG_MAX_BYTES} must be >= 1024, got {self.log_max_bytes}")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> RecoverySettings:
+        env = os.environ if env is None else env
+        return cls(
+            collective_init_timeout=_float(
+                env, COLLECTIVE_INIT_TIMEOUT, DEFAULT_COLLECTIVE_INIT_TIMEOUT
+            ),
+            collective_train_timeout=_float(
+                env, COLLECTIVE_TRAIN_TIMEOUT, DEFAULT_COLLECTIVE_TRAIN_TIMEOUT
+            ),
+            log_keep_generations=_int(env, LOG_KEEP_GENERATIONS, DEFAULT_LOG_KEEP_GENERATIONS),
+            log_max_bytes=_int(env, LOG_MAX_BYTES, DEFAULT_LOG_MAX_BYTES),
+        )
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ContractError(f"{name} must be a number, got {raw!r}") from None

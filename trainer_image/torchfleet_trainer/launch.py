@@ -21,12 +21,19 @@ import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import NoReturn
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from torchfleet_trainer.config import ConfigError, TrainConfig, largest_world, pod_contract
+from torchfleet_trainer.config import (
+    ConfigError,
+    TrainConfig,
+    largest_world,
+    pod_contract,
+    recovery_settings,
+)
 from torchfleet_trainer.contract import PodContract, rendezvous_configs
 
 EXIT_CONFIG = 2
@@ -48,6 +55,12 @@ EXIT_DIVERGED = 3
 # node or link of this gang is at fault, not the program; >= 128 like
 # EXIT_PREEMPTED_UNSAVED, so the operator's ExitCode policy retries it.
 EXIT_PREFLIGHT_FAILED = 201
+# A collective timed out waiting on a peer, or lost one (its connection reset):
+# the gang, not this rank, is broken (timeouts.py sets the timeout). >= 128 so
+# the operator's ExitCode policy retries it; the next gang or in-place round
+# resumes from the last checkpoint. Each rank that sees it logs one line naming
+# itself, the timeout and torch's message.
+EXIT_COLLECTIVE_FAILED = 202
 
 # The c10d rendezvous's timeouts (seconds) unless PET_RDZV_CONF sets them.
 # A lost node is declared dead after keep_alive_interval x keep_alive_max_attempt
@@ -72,6 +85,7 @@ def launch(
 ) -> int:
     try:
         pod = pod_contract(env)
+        recovery_settings(env)  # refused here, before any process group starts
         if pod.process is not None:
             largest = largest_world(pod, pod.process.local_world_size)
             config.check_world(pod.process.world_size, largest)
@@ -205,6 +219,7 @@ def train(config: TrainConfig) -> int:
     # Deferred: a launcher whose workers train never needs the training stack
     # (seconds of imports, paid again by every elastic agent before it joins).
     from torchfleet_trainer.preflight import PreflightFailed
+    from torchfleet_trainer.timeouts import is_peer_failure
     from torchfleet_trainer.train import TrainingDiverged, run_worker
 
     try:
@@ -215,6 +230,27 @@ def train(config: TrainConfig) -> int:
     except PreflightFailed as err:
         print(f"torchfleet-train: preflight: {err}", file=sys.stderr)
         return EXIT_PREFLIGHT_FAILED
+    except Exception as err:
+        if not is_peer_failure(err):
+            raise
+        exit_on_peer_failure(err)
+
+
+def exit_on_peer_failure(err: BaseException) -> NoReturn:
+    """Logs which rank lost its gang and how, then exits 202 at once: threads
+    still waiting on the gang (an async save's, the batch prefetcher's) would
+    hold an orderly exit up, and nothing they hold is worth keeping."""
+    ranks = pod_contract().process
+    who = f"rank {ranks.rank}/{ranks.world_size}" if ranks else "this process"
+    first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    print(
+        f"torchfleet-train: {who}: a collective failed waiting on a peer that is silent "
+        f"or gone ({first_line}); exiting {EXIT_COLLECTIVE_FAILED} (retryable)",
+        file=sys.stderr,
+        flush=True,
+    )
+    sys.stdout.flush()
+    os._exit(EXIT_COLLECTIVE_FAILED)
 
 
 def exit_code(status: str) -> int:

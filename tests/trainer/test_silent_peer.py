@@ -1,0 +1,117 @@
+"""A silent peer fails its gang within the collective timeout, not gloo's 30 minutes.
+
+Three one-process "nodes" with the environment the operator gives pods. Once
+they have tightened their collective timeout (after the first steps), one is
+SIGSTOPped: a machine that went silent, whose connections are never reset.
+The two others must each exit with 202 (EXIT_COLLECTIVE_FAILED, retryable)
+within the tight timeout plus a margin for this shared 2-core machine, with
+a log line that names the rank and says why.
+
+A second gang is stopped the same way and its survivors are sent SIGTERM
+while they wait in the collective: Python runs its SIGTERM handler only
+between bytecodes, never inside gloo's wait, so SIGTERM cannot interrupt the
+wait; what bounds it is the same timeout, after which they exit 202 (not the
+saved-preemption 143 they cannot honour with a peer gone).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from tests.trainer.cli_process import TrainerProcess, free_port
+from torchfleet_trainer import contract
+from torchfleet_trainer.launch import EXIT_COLLECTIVE_FAILED
+
+pytestmark = pytest.mark.trainer
+
+NODES = 3
+TRAIN_TIMEOUT = 3.0  # the floor; 20 x this model's step time on CPU is below it
+# Scheduling slack on a shared 2-core machine: the survivors also have to
+# notice, log and exit. Far below the 600 s generous timeout they would
+# otherwise be under, and gloo's 1800 s default.
+MARGIN = 12.0
+CONFIG = {
+    "model": {"architecture": "gpt", "layers": 1, "heads": 2, "dim": 32, "maxSeqLen": 16},
+    "data": {"kind": "synthetic", "seqLen": 16},
+    "parallel": {"dataParallelReplicate": 3, "dataParallelShard": 1},
+    "training": {"steps": 100000, "globalBatchSize": 6, "evalInterval": 0, "logInterval": 2},
+    "checkpoint": {"enabled": False},
+    "tensorboard": {"enabled": False},
+    "metrics": {"enabled": False},
+}
+
+
+def pod_env(rank: int, master_port: int) -> dict[str, str]:
+    pod = contract.PodContract(
+        job_name="silent",
+        namespace="default",
+        master_addr="127.0.0.1",
+        master_port=master_port,
+        nodes=NODES,
+        node_rank=rank,
+        processes_per_node=1,
+        train_config=json.dumps(CONFIG),
+    )
+    return pod.to_env() | {contract.COLLECTIVE_TRAIN_TIMEOUT: str(TRAIN_TIMEOUT)}
+
+
+def start_gang() -> list[TrainerProcess]:
+    port = free_port()
+    gang = [TrainerProcess([], pod_env(rank, port)) for rank in range(NODES)]
+    # Rank 0 logs for the gang: every rank tightens at the same step.
+    tightened = gang[0].wait_for(lambda e: e["event"] == "collective_timeout", timeout=120)
+    assert tightened["seconds"] == TRAIN_TIMEOUT, tightened
+    return gang
+
+
+def silence(gang: list[TrainerProcess], rank: int) -> float:
+    """Stops ``rank`` mid-training (after a step rank 0 logged), as a machine that
+    went silent; when."""
+    gang[0].wait_for(lambda e: e["event"] == "step", timeout=60)
+    os.killpg(gang[rank].proc.pid, signal.SIGSTOP)
+    return time.monotonic()
+
+
+def stop_all(gang: list[TrainerProcess]) -> None:
+    for node in gang:
+        if node.proc.poll() is None:
+            os.killpg(node.proc.pid, signal.SIGKILL)
+            node.proc.wait()
+
+
+def assert_failed_within_timeout(survivors: list[TrainerProcess], since: float) -> None:
+    for node in survivors:
+        code = node.finish(timeout=TRAIN_TIMEOUT + MARGIN)
+        waited = time.monotonic() - since
+        assert code == EXIT_COLLECTIVE_FAILED, (code, node.stderr[-3000:])
+        assert waited < TRAIN_TIMEOUT + MARGIN, waited
+        print(f"survivor exited {code} {waited:.1f}s after the peer went silent")
+        assert "a collective failed waiting on a peer" in node.stderr, node.stderr[-3000:]
+        assert f"exiting {EXIT_COLLECTIVE_FAILED} (retryable)" in node.stderr
+
+
+def test_a_silent_peer_makes_the_others_exit_202_within_the_timeout() -> None:
+    gang = start_gang()
+    try:
+        stopped = silence(gang, 2)
+        assert_failed_within_timeout(gang[:2], stopped)
+        for rank, node in enumerate(gang[:2]):  # each names itself
+            assert f"rank {rank}/{NODES}" in node.stderr, node.stderr[-3000:]
+    finally:
+        stop_all(gang)
+
+
+def test_sigterm_while_waiting_on_a_silent_peer_is_bounded_by_the_timeout() -> None:
+    gang = start_gang()
+    try:
+        stopped = silence(gang, 1)
+        for node in (gang[0], gang[2]):
+            os.killpg(node.proc.pid, signal.SIGTERM)
+        assert_failed_within_timeout([gang[0], gang[2]], stopped)
+    finally:
+        stop_all(gang)
