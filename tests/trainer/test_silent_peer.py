@@ -16,13 +16,13 @@ saved-preemption 143 they cannot honour with a peer gone).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
 
 import pytest
 
+from tests.trainer import gang as gangs
 from tests.trainer.cli_process import TrainerProcess, free_port
 from torchfleet_trainer import contract
 from torchfleet_trainer.launch import EXIT_COLLECTIVE_FAILED
@@ -35,29 +35,12 @@ TRAIN_TIMEOUT = 3.0  # the floor; 20 x this model's step time on CPU is below it
 # notice, log and exit. Far below the 600 s generous timeout they would
 # otherwise be under, and gloo's 1800 s default.
 MARGIN = 12.0
-CONFIG = {
-    "model": {"architecture": "gpt", "layers": 1, "heads": 2, "dim": 32, "maxSeqLen": 16},
-    "data": {"kind": "synthetic", "seqLen": 16},
-    "parallel": {"dataParallelReplicate": 3, "dataParallelShard": 1},
-    "training": {"steps": 100000, "globalBatchSize": 6, "evalInterval": 0, "logInterval": 2},
-    "checkpoint": {"enabled": False},
-    "tensorboard": {"enabled": False},
-    "metrics": {"enabled": False},
-}
+CONFIG = gangs.tiny_config(NODES, log_interval=2, checkpoints=False)
 
 
 def pod_env(rank: int, master_port: int) -> dict[str, str]:
-    pod = contract.PodContract(
-        job_name="silent",
-        namespace="default",
-        master_addr="127.0.0.1",
-        master_port=master_port,
-        nodes=NODES,
-        node_rank=rank,
-        processes_per_node=1,
-        train_config=json.dumps(CONFIG),
-    )
-    return pod.to_env() | {contract.COLLECTIVE_TRAIN_TIMEOUT: str(TRAIN_TIMEOUT)}
+    env = gangs.pod_env("silent", NODES, rank, master_port, CONFIG)
+    return env | {contract.COLLECTIVE_TRAIN_TIMEOUT: str(TRAIN_TIMEOUT)}
 
 
 def start_gang() -> list[TrainerProcess]:

@@ -480,6 +480,9 @@ LOG_MAX_BYTES = "TORCHFLEET_LOG_MAX_BYTES"
 DEFAULT_LOG_KEEP_GENERATIONS = 5
 DEFAULT_LOG_MAX_BYTES = 8 * 1024 * 1024
 LOGS_SUBDIR = "logs"
+# torchelastic's own (agent -> worker): how many times the agent restarted its
+# workers after a failure; the in-place round of the logs' folder.
+TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 
 
 @dataclass(frozen=True)

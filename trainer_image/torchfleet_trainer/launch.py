@@ -27,14 +27,17 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from torchfleet_trainer import logtee
 from torchfleet_trainer.config import (
     ConfigError,
     TrainConfig,
     largest_world,
     pod_contract,
     recovery_settings,
+    resolve_checkpoint_dir,
 )
 from torchfleet_trainer.contract import PodContract, rendezvous_configs
+from torchfleet_trainer.logtee import keep_logs
 
 EXIT_CONFIG = 2
 # 128 + SIGTERM, as a shell reports a terminated process: the gang was
@@ -215,7 +218,11 @@ def _shell_code(code: int) -> int:
 
 
 def train(config: TrainConfig) -> int:
-    """Trains in this process; the exit code its outcome calls for."""
+    """Trains in this process (its output kept on the checkpoint volume too); the
+    exit code its outcome calls for."""
+    pod = pod_contract()
+    rank = pod.ranks.rank if pod.ranks else 0
+    keep_logs(resolve_checkpoint_dir(config, pod), rank, recovery_settings())
     # Deferred: a launcher whose workers train never needs the training stack
     # (seconds of imports, paid again by every elastic agent before it joins).
     from torchfleet_trainer.preflight import PreflightFailed
@@ -249,7 +256,7 @@ def exit_on_peer_failure(err: BaseException) -> NoReturn:
         file=sys.stderr,
         flush=True,
     )
-    sys.stdout.flush()
+    logtee.finish()
     os._exit(EXIT_COLLECTIVE_FAILED)
 
 
