@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.unit.test_contract import make
 from torchfleet_trainer import contract
 from torchfleet_trainer.contract import ContractError, RecoverySettings
 
@@ -38,3 +39,35 @@ def test_values_are_read_from_their_variables() -> None:
 def test_a_bad_value_names_its_variable(name: str, value: str) -> None:
     with pytest.raises(ContractError, match=name):
         RecoverySettings.from_env({name: value})
+
+
+def test_an_in_place_budget_leaves_ranks_to_each_round() -> None:
+    pod = make(
+        master_addr="j-master-0.j",
+        master_port=29501,
+        nodes=3,
+        node_rank=0,
+        processes_per_node=1,
+        in_place_restarts=2,
+    )
+    env = pod.to_env()
+    assert env[contract.IN_PLACE_RESTARTS] == "2"
+    assert contract.RANK not in env and contract.WORLD_SIZE not in env
+    assert contract.PodContract.from_env(env) == pod
+    rendezvous = contract.ElasticRendezvous.fixed_gang(pod)
+    assert (rendezvous.min_nodes, rendezvous.max_nodes) == (3, 3)
+    assert rendezvous.endpoint == "j-master-0.j:29501"
+    assert rendezvous.run_id == pod.rendezvous_id  # one rendezvous per gang generation
+    assert rendezvous.max_restarts == 2
+    assert contract.rendezvous_configs(rendezvous.conf) == {contract.RDZV_IS_HOST: "1"}
+    worker = contract.ElasticRendezvous.fixed_gang(
+        contract.PodContract.from_env(env | {contract.NODE_RANK: "2"})
+    )
+    assert contract.rendezvous_configs(worker.conf) == {contract.RDZV_IS_HOST: "0"}
+
+
+def test_no_budget_is_the_default_and_a_negative_one_is_refused() -> None:
+    assert contract.PodContract.from_env({}).in_place_restarts == 0
+    assert contract.IN_PLACE_RESTARTS not in contract.PodContract.from_env({}).to_env()
+    with pytest.raises(ContractError, match=contract.IN_PLACE_RESTARTS):
+        contract.PodContract.from_env({contract.IN_PLACE_RESTARTS: "-1"})

@@ -178,6 +178,20 @@ class ElasticRendezvous:
             raise ContractError(f"{PET_MAX_RESTARTS} must be >= 0, got {self.max_restarts}")
         rendezvous_configs(self.conf)  # raises on a malformed value
 
+    @classmethod
+    def fixed_gang(cls, pod: PodContract) -> ElasticRendezvous:
+        """A fixed gang's rendezvous for in-place restarts: min = max = its nodes,
+        hosted by node rank 0's launcher at the master address, one run per gang
+        generation (each round of it gets a store prefix of its own)."""
+        return cls(
+            min_nodes=pod.nodes,
+            max_nodes=pod.nodes,
+            endpoint=f"{pod.master_addr}:{pod.master_port}",
+            run_id=pod.rendezvous_id,
+            max_restarts=pod.in_place_restarts,
+            conf=f"{RDZV_IS_HOST}={int(pod.node_rank == 0)}",
+        )
+
     @property
     def node_counts(self) -> range:
         return range(self.min_nodes, self.max_nodes + 1)
@@ -231,8 +245,11 @@ class PodContract:
     # Set for an elastic job (PET_RDZV_BACKEND=c10d); None for a fixed gang.
     elastic: ElasticRendezvous | None = None
     termination_message_path: str = TERMINATION_MESSAGE_PATH
+    in_place_restarts: int = 0
 
     def __post_init__(self) -> None:
+        if self.in_place_restarts < 0:
+            raise ContractError(f"{IN_PLACE_RESTARTS} must be >= 0, got {self.in_place_restarts}")
         if self.nodes < 1:
             raise ContractError(f"{NNODES} must be >= 1, got {self.nodes}")
         if not 0 <= self.node_rank < self.nodes:
@@ -269,7 +286,8 @@ class PodContract:
     def ranks(self) -> ProcessRanks | None:
         """This process's ranks; with one process per pod of a fixed gang the pod's
         own are known (an elastic job's come from each rendezvous round)."""
-        if self.process is None and self.processes_per_node == 1 and self.elastic is None:
+        alone = self.processes_per_node == 1 and self.elastic is None
+        if self.process is None and alone and self.in_place_restarts == 0:
             return ProcessRanks(rank=self.node_rank, world_size=self.nodes)
         return self.process
 
@@ -297,6 +315,7 @@ class PodContract:
             CHECKPOINT_INTERVAL: self.checkpoint_interval,
             CHECKPOINT_KEEP: self.checkpoint_keep,
             TRAIN_CONFIG: self.train_config,
+            IN_PLACE_RESTARTS: self.in_place_restarts,
         }
         env.update({name: str(value) for name, value in optional.items() if value})
         if self.elastic is not None:
@@ -336,6 +355,7 @@ class PodContract:
             elastic=_elastic(env),
             termination_message_path=env.get(TERMINATION_MESSAGE_PATH_ENV)
             or TERMINATION_MESSAGE_PATH,
+            in_place_restarts=_int(env, IN_PLACE_RESTARTS, 0),
         )
 
 
@@ -480,6 +500,16 @@ LOG_MAX_BYTES = "TORCHFLEET_LOG_MAX_BYTES"
 DEFAULT_LOG_KEEP_GENERATIONS = 5
 DEFAULT_LOG_MAX_BYTES = 8 * 1024 * 1024
 LOGS_SUBDIR = "logs"
+
+# A fixed gang's in-place restart budget: how many times every pod's launcher
+# restarts its workers after a failure, all pods' workers meeting again in a new
+# round of a c10d rendezvous hosted by node rank 0's launcher (the elastic
+# path's: torchrun's max_restarts) and resuming from the last checkpoint,
+# before the launcher gives up and exits with the failure's code. 0 (the
+# default) is the behaviour before it: the launcher exits at the first failure.
+# With a budget, ranks come from each round, so RANK/WORLD_SIZE are not set on
+# a pod even with one process per pod (the launcher starts that process).
+IN_PLACE_RESTARTS = "TORCHFLEET_IN_PLACE_RESTARTS"
 # torchelastic's own (agent -> worker): how many times the agent restarted its
 # workers after a failure; the in-place round of the logs' folder.
 TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"

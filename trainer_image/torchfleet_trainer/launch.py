@@ -5,6 +5,14 @@
 * N processes per pod: PyTorch's elastic launcher (the API behind torchrun)
   starts them with a static rendezvous at the master pod, forwards SIGTERM to
   them and reports failures.
+* A fixed gang with an in-place budget (``TORCHFLEET_IN_PLACE_RESTARTS`` > 0,
+  even with one process per pod): the same elastic agent at min = max = the
+  gang's nodes, its c10d rendezvous hosted by node rank 0's launcher. A failed
+  worker makes every launcher restart its workers in a new round (a peer's
+  workers fail with 202 when theirs dies; an agent whose workers still run sees
+  the others waiting), resuming from the last checkpoint, until the budget is
+  spent; then the launcher exits with its workers' failure code, and one whose
+  peers closed the rendezvous exits 202.
 * An elastic job (``PET_RDZV_BACKEND=c10d``, even with one process per pod):
   the elastic agent joins the c10d rendezvous between minNodes and maxNodes.
   When a node is lost or one joins, every agent restarts its workers in a new
@@ -25,6 +33,7 @@ from typing import NoReturn
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous import RendezvousError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from torchfleet_trainer import logtee
@@ -36,7 +45,7 @@ from torchfleet_trainer.config import (
     recovery_settings,
     resolve_checkpoint_dir,
 )
-from torchfleet_trainer.contract import PodContract, rendezvous_configs
+from torchfleet_trainer.contract import ElasticRendezvous, PodContract, rendezvous_configs
 from torchfleet_trainer.logtee import keep_logs
 
 EXIT_CONFIG = 2
@@ -101,10 +110,13 @@ def launch(
     except ConfigError as err:
         print(f"torchfleet-train: {err}", file=sys.stderr)
         return EXIT_CONFIG
-    if pod.elastic is None and pod.nodes * processes == 1:
+    if pod.elastic is None and pod.nodes * processes == 1 and pod.in_place_restarts == 0:
         return train(config)
     if pod.elastic is not None:
         launch_config = elastic_launch_config(pod, processes)
+    elif pod.in_place_restarts > 0:
+        # The elastic path at a fixed size: a failure starts a new round.
+        launch_config = rendezvous_launch_config(ElasticRendezvous.fixed_gang(pod), processes)
     else:
         launch_config = static_launch_config(pod, processes)
     if processes > 1:
@@ -135,8 +147,13 @@ def static_launch_config(pod: PodContract, processes: int) -> LaunchConfig:
 
 def elastic_launch_config(pod: PodContract, processes: int) -> LaunchConfig:
     """torchrun's elastic launch from the contract's PET_* variables."""
-    elastic = pod.elastic
-    assert elastic is not None
+    assert pod.elastic is not None
+    return rendezvous_launch_config(pod.elastic, processes)
+
+
+def rendezvous_launch_config(elastic: ElasticRendezvous, processes: int) -> LaunchConfig:
+    """torchrun's elastic launch: an elastic job's, or a fixed gang's with an
+    in-place restart budget (one implementation, one set of restarts)."""
     # Each round's rank-0 agent then hands its workers a fresh store address.
     # Sharing the agent's store keeps the first round's address in nodes whose
     # rank stays non-zero, which is wrong once the rank-0 node has been lost.
@@ -163,6 +180,14 @@ def run_children(launch_config: LaunchConfig, *args: str, outcomes: Path | None 
     keeps their codes to itself, and only those codes say whether they saved."""
     try:
         elastic_launch(launch_config, sys.executable)(*args)
+    except RendezvousError as err:
+        # Another launcher spent its budget and closed the rendezvous, or the
+        # round never completed: the gang is broken, not this pod's program.
+        print(
+            f"torchfleet-train: rendezvous: {err}; exiting {EXIT_COLLECTIVE_FAILED}",
+            file=sys.stderr,
+        )
+        return EXIT_COLLECTIVE_FAILED
     except SignalException:
         return preempted_exit_code(outcomes, launch_config.nproc_per_node)
     except ChildFailedError as err:
