@@ -5,7 +5,8 @@ operator's environment and an in-place budget of 1 join a c10d rendezvous
 hosted by node rank 0's launcher. One worker (the training process, not its
 launcher) is SIGKILLed after a checkpoint: every launcher restarts its worker,
 the world meets again at three in a new round and resumes from the last
-checkpoint's step while all three launchers keep running. A second kill
+checkpoint's step while all three launchers keep running; /metrics and rank
+0's log say one in-place restart, because a worker was killed. A second kill
 spends the budget: the launchers exit, the killed one's with 137 (its
 worker's SIGKILL), the others' with 202 (a lost peer).
 """
@@ -22,6 +23,7 @@ import pytest
 
 from tests.trainer import gang
 from tests.trainer.cli_process import TrainerProcess, free_port
+from tests.trainer.test_shakespeare_metrics import scrape
 from torchfleet_trainer import contract
 from torchfleet_trainer.launch import EXIT_COLLECTIVE_FAILED
 
@@ -31,6 +33,7 @@ NODES = 3
 INTERVAL = 4  # checkpoint every this many steps
 CONFIG = gang.tiny_config(NODES, log_interval=1, checkpoints=True)
 CONFIG["checkpoint"] |= {"interval": INTERVAL, "asyncSave": False}
+CONFIG["metrics"] = {"port": 0}  # every pod's own free port
 TIMEOUT = 120
 
 
@@ -56,38 +59,59 @@ def worker_pid(launcher: TrainerProcess) -> int:
     raise AssertionError(f"launcher {pid} has no worker among {children}")
 
 
-def wait_for_any(
-    pods: list[TrainerProcess], predicate: Any, timeout: float = TIMEOUT
-) -> dict[str, Any]:
-    """The first new event of any pod satisfying ``predicate`` (rank 0 logs, and
-    rank 0 may be on any pod after a new round)."""
-    deadline = time.monotonic() + timeout
-    seen = [len(p.events) for p in pods]
-    while time.monotonic() < deadline:
-        for index, pod in enumerate(pods):
-            pod.drain()
-            for event in pod.events[seen[index] :]:
-                if predicate(event):
-                    return event
-            seen[index] = len(pod.events)
-        time.sleep(0.1)
-    raise AssertionError(f"no matching event in {timeout}s")
+class Pods:
+    """The launchers' events, read in order across calls: rank 0 logs, and after a
+    new round rank 0 may be on any pod."""
+
+    def __init__(self, pods: list[TrainerProcess]) -> None:
+        self.pods = pods
+        self.read = [0] * len(pods)
+
+    def wait_for(self, predicate: Any, timeout: float = TIMEOUT) -> dict[str, Any]:
+        """The first event not yet read, of any pod, satisfying ``predicate``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for index, pod in enumerate(self.pods):
+                pod.drain()
+                while self.read[index] < len(pod.events):
+                    event = pod.events[self.read[index]]
+                    self.read[index] += 1
+                    if predicate(event):
+                        return event
+            time.sleep(0.1)
+        raise AssertionError(f"no matching event in {timeout}s")
 
 
 def test_a_killed_worker_restarts_every_pods_workers_in_place(tmp_path: Path) -> None:
     port = free_port()
     pods = [TrainerProcess([], pod_env(rank, port, tmp_path)) for rank in range(NODES)]
+    gang_events = Pods(pods)
     try:
-        saved = wait_for_any(pods, lambda e: e["event"] == "checkpoint")["step"]
-        wait_for_any(pods, lambda e: e["event"] == "step" and e["step"] > saved)
+        saved = gang_events.wait_for(lambda e: e["event"] == "checkpoint")["step"]
+        gang_events.wait_for(lambda e: e["event"] == "step" and e["step"] > saved)
         os.kill(worker_pid(pods[1]), signal.SIGKILL)
         killed = time.monotonic()
 
-        world = wait_for_any(pods, lambda e: e["event"] == "world")
+        restart = gang_events.wait_for(lambda e: e["event"] == "in_place_restart")
+        # The killed worker's pod saw no report from it; the others lost a peer.
+        assert restart == restart | {"restarts": 1, "reason": contract.RESTART_REASON_WORKER_KILLED}
+        world = gang_events.wait_for(lambda e: e["event"] == "world")
         assert world["world_size"] == NODES
-        resumed = wait_for_any(pods, lambda e: e["event"] == "resumed")
+        resumed = gang_events.wait_for(lambda e: e["event"] == "resumed")
+        metrics_port = gang_events.wait_for(lambda e: e["event"] == "metrics")["port"]
+        samples = scrape(metrics_port)
+        assert samples[contract.METRIC_IN_PLACE_RESTARTS] == 1
+        reasons = {
+            reason: samples[f'{contract.METRIC_IN_PLACE_RESTART_REASON}{{reason="{reason}"}}']
+            for reason in contract.RESTART_REASONS
+        }
+        assert reasons == {
+            contract.RESTART_REASON_PEER_LOST: 0,
+            contract.RESTART_REASON_WORKER_FAILED: 0,
+            contract.RESTART_REASON_WORKER_KILLED: 1,
+        }
         assert resumed["step"] >= saved and resumed["step"] % INTERVAL == 0, (resumed, saved)
-        wait_for_any(pods, lambda e: e["event"] == "step" and e["step"] > resumed["step"])
+        gang_events.wait_for(lambda e: e["event"] == "step" and e["step"] > resumed["step"])
         print(f"in place: kill -> first step of the new round: {time.monotonic() - killed:.1f}s")
         assert [pod.proc.poll() for pod in pods] == [None] * NODES
 

@@ -510,9 +510,33 @@ LOGS_SUBDIR = "logs"
 # With a budget, ranks come from each round, so RANK/WORLD_SIZE are not set on
 # a pod even with one process per pod (the launcher starts that process).
 IN_PLACE_RESTARTS = "TORCHFLEET_IN_PLACE_RESTARTS"
+# What each pod's /metrics says about them (rank 0's and every local rank 0's,
+# the same on every pod): how many in-place restarts this gang generation has
+# had (the most any pod's launcher counted: each counts the rounds its own
+# workers failed in), and why the last one happened, one sample per reason, 1
+# for the last one and 0 for the others (all 0 before the first restart).
+METRIC_IN_PLACE_RESTARTS = "torchfleet_train_in_place_restarts"
+METRIC_IN_PLACE_RESTART_REASON = "torchfleet_train_in_place_restart_reason"
+LABEL_REASON = "reason"
+# The reasons, most telling first: the gang agrees on the most telling one any
+# pod saw among its own workers of the failed round.
+RESTART_REASON_WORKER_KILLED = "worker_killed"  # died by a signal or crashed unreported (OOM kill)
+RESTART_REASON_WORKER_FAILED = "worker_failed"  # the program exited with an error of its own
+RESTART_REASON_PEER_LOST = "peer_lost"  # only a collective timing out or losing a peer was seen
+RESTART_REASONS = (
+    RESTART_REASON_PEER_LOST,
+    RESTART_REASON_WORKER_FAILED,
+    RESTART_REASON_WORKER_KILLED,
+)
 # torchelastic's own (agent -> worker): how many times the agent restarted its
 # workers after a failure; the in-place round of the logs' folder.
 TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+
+
+def in_place_round(env: Mapping[str, str] | None = None) -> int:
+    """This worker's in-place round: its agent's restarts after a failure so far."""
+    env = os.environ if env is None else env
+    return _int(env, TORCHELASTIC_RESTART_COUNT, 0)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import NoReturn
 
@@ -36,7 +36,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from torchfleet_trainer import logtee
+from torchfleet_trainer import contract, logtee
 from torchfleet_trainer.config import (
     ConfigError,
     TrainConfig,
@@ -45,7 +45,11 @@ from torchfleet_trainer.config import (
     recovery_settings,
     resolve_checkpoint_dir,
 )
-from torchfleet_trainer.contract import ElasticRendezvous, PodContract, rendezvous_configs
+from torchfleet_trainer.contract import (
+    ElasticRendezvous,
+    PodContract,
+    rendezvous_configs,
+)
 from torchfleet_trainer.logtee import keep_logs
 
 EXIT_CONFIG = 2
@@ -59,7 +63,10 @@ EXIT_PREEMPTED = 143
 # disruption it is; the new gang starts from the last checkpoint, if any.
 EXIT_PREEMPTED_UNSAVED = 200
 # Each worker's exit code, in the launcher's temporary directory (worker.py).
-OUTCOME_GLOB = "rank-*.exit"
+# Named by the agent's round (torchelastic's restart count) and local rank:
+# round-<R>.rank-<local>.exit. The next round's workers read the failed round's
+# to say why it failed; a stopped launcher reads the newest round's.
+OUTCOME_GLOB = "round-*.rank-*.exit"
 # Too many consecutive non-finite steps (training.maxNonFiniteSteps): a
 # permanent failure under the operator's ExitCode policy.
 EXIT_DIVERGED = 3
@@ -198,16 +205,49 @@ def run_children(launch_config: LaunchConfig, *args: str, outcomes: Path | None 
 def preempted_exit_code(outcomes: Path | None, workers: int) -> int:
     """143 only when every one of this pod's ``workers`` reported a saved
     checkpoint; a worker with no report was stopped before it could save."""
-    reported = list(outcomes.glob(OUTCOME_GLOB)) if outcomes else []
-    codes = [_read_code(path) for path in reported]
+    rounds = {_round_of(path) for path in outcomes.glob(OUTCOME_GLOB)} if outcomes else set()
+    codes = list(round_outcomes(outcomes, max(rounds)).values()) if outcomes and rounds else []
     if len(codes) == workers and all(code == EXIT_PREEMPTED for code in codes):
         return EXIT_PREEMPTED
     return EXIT_PREEMPTED_UNSAVED
 
 
-def write_outcome(outcomes: Path, local_rank: int, code: int) -> None:
+def write_outcome(outcomes: Path, local_rank: int, code: int, round_: int = 0) -> None:
     # By local rank: an elastic job's global ranks change from round to round.
-    (outcomes / f"rank-{local_rank}.exit").write_text(str(code))
+    (outcomes / f"round-{round_}.rank-{local_rank}.exit").write_text(str(code))
+
+
+def round_outcomes(outcomes: Path, round_: int) -> dict[int, int | None]:
+    """The codes this pod's workers of ``round_`` reported, by local rank."""
+    found = {}
+    for path in outcomes.glob(f"round-{round_}.rank-*.exit"):
+        local = path.name.removesuffix(".exit").rpartition("rank-")[2]
+        found[int(local)] = _read_code(path)
+    return found
+
+
+def _round_of(path: Path) -> int:
+    return int(path.name.split(".", 1)[0].removeprefix("round-"))
+
+
+def failed_round_reason(outcomes: Path, round_: int, workers: int) -> str | None:
+    """Why this pod's workers of the failed ``round_`` ended, as far as they could
+    say (one of contract.RESTART_REASONS): a worker that left no report died by a
+    signal or crashed; one that lost its peer says so; any other code is the
+    program's own failure."""
+    codes = round_outcomes(outcomes, round_)
+    if len(codes) < workers or None in codes.values():
+        return contract.RESTART_REASON_WORKER_KILLED
+    if any(code not in (0, EXIT_COLLECTIVE_FAILED) for code in codes.values()):
+        return contract.RESTART_REASON_WORKER_FAILED
+    if EXIT_COLLECTIVE_FAILED in codes.values():
+        return contract.RESTART_REASON_PEER_LOST
+    return None
+
+
+# Set by worker.py: reports this worker's exit code for its launcher, also on a
+# path that leaves through os._exit.
+report_exit: Callable[[int], None] = lambda code: None  # noqa: E731
 
 
 def _read_code(path: Path) -> int | None:
@@ -242,9 +282,10 @@ def _shell_code(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
-def train(config: TrainConfig) -> int:
+def train(config: TrainConfig, restart_reason: str | None = None) -> int:
     """Trains in this process (its output kept on the checkpoint volume too); the
-    exit code its outcome calls for."""
+    exit code its outcome calls for. ``restart_reason``: why this pod's workers of
+    the previous in-place round failed (worker.py's), None in the first."""
     pod = pod_contract()
     rank = pod.ranks.rank if pod.ranks else 0
     keep_logs(resolve_checkpoint_dir(config, pod), rank, recovery_settings())
@@ -255,7 +296,7 @@ def train(config: TrainConfig) -> int:
     from torchfleet_trainer.train import TrainingDiverged, run_worker
 
     try:
-        return exit_code(run_worker(config).status)
+        return exit_code(run_worker(config, restart_reason).status)
     except TrainingDiverged as err:
         print(f"torchfleet-train: {err}", file=sys.stderr)
         return EXIT_DIVERGED
@@ -281,6 +322,7 @@ def exit_on_peer_failure(err: BaseException) -> NoReturn:
         file=sys.stderr,
         flush=True,
     )
+    report_exit(EXIT_COLLECTIVE_FAILED)
     logtee.finish()
     os._exit(EXIT_COLLECTIVE_FAILED)
 

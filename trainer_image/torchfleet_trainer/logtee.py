@@ -97,7 +97,7 @@ def keep_logs(
     if checkpoint_dir is None or settings.log_keep_generations == 0 or _copier is not None:
         return None
     pod = contract.PodContract.from_env()
-    round_ = int(os.environ.get(contract.TORCHELASTIC_RESTART_COUNT) or 0)
+    round_ = contract.in_place_round()
     path = log_path(Path(checkpoint_dir), pod.restart_count, round_, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     if rank == 0:

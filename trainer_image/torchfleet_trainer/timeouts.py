@@ -23,8 +23,9 @@ before going back to the tight value.
 gloo raises the timeout in the waiting rank as a RuntimeError ("Timed out
 waiting ...ms"); launch.py turns that into exit code 202. NCCL enforces the
 same per-group value in its watchdog thread, and with
-``TORCH_NCCL_ASYNC_ERROR_HANDLING`` at torch's default (3) the watchdog takes
-the process down (SIGABRT: the pod sees 134, also >= 128 and retryable);
+``TORCH_NCCL_ASYNC_ERROR_HANDLING`` at 1 (what torch's elastic agent gives its
+workers unless set) or torch's default 3, the watchdog takes the process down
+(SIGABRT: the pod sees 134, also >= 128 and retryable);
 ``TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC`` (torch's default 480 s) bounds a watchdog
 that is itself stuck.
 """

@@ -827,8 +827,30 @@ def _no_log(event: str, **fields: Any) -> None:
     """A log that writes nothing (metrics.jsonLogs off)."""
 
 
-def run_worker(config: TrainConfig) -> RunResult:
-    """One training process: process group, metrics server, loop, clean shutdown."""
+def report_in_place_restarts(
+    config: TrainConfig, runtime: Runtime, metrics: TrainMetrics | None, reason: str | None
+) -> None:
+    """The gang's in-place restarts and the last one's reason, on every /metrics:
+    the most any launcher counted, and the most telling reason any pod saw among
+    its own workers (a killed worker's pod says so, its peers only lost a peer)."""
+    reasons = contract.RESTART_REASONS
+    mine = [contract.in_place_round(), reasons.index(reason) + 1 if reason else 0]
+    agreed = torch.tensor(mine, dtype=torch.int64, device=runtime.device)
+    if runtime.world_size > 1:
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+    restarts, which = agreed.tolist()
+    if metrics:
+        metrics.in_place_restarts.set(restarts)
+        for index, each in enumerate(reasons, start=1):
+            metrics.in_place_restart_reason.labels(each).set(1.0 if index == which else 0.0)
+    if restarts and runtime.is_logger and config.metrics.json_logs:
+        last = reasons[which - 1] if which else None
+        log_json("in_place_restart", restarts=restarts, reason=last)
+
+
+def run_worker(config: TrainConfig, restart_reason: str | None = None) -> RunResult:
+    """One training process: process group, metrics server, loop, clean shutdown.
+    ``restart_reason``: why this pod's workers of the previous in-place round failed."""
     init_distributed(config)
     try:
         runtime = build_runtime(config)
@@ -837,6 +859,7 @@ def run_worker(config: TrainConfig) -> RunResult:
         metrics = None
         if config.metrics.enabled and runtime.local_rank == 0:
             metrics = TrainMetrics()  # served once the run has resumed (Trainer.run)
+        report_in_place_restarts(config, runtime, metrics, restart_reason)
         gang = gang_nodes(runtime)
         if config.preflight.enabled and runtime.world_size > 1:
             check_gang(config, runtime, gang, metrics)
