@@ -22,7 +22,7 @@ from tests.trainer import gang
 from tests.trainer.cli_process import TrainerProcess, free_port
 from torchfleet_trainer import contract
 from torchfleet_trainer.launch import EXIT_COLLECTIVE_FAILED
-from torchfleet_trainer.logtee import log_path
+from torchfleet_trainer.logtee import keep_logs, log_path
 
 pytestmark = pytest.mark.trainer
 
@@ -80,26 +80,45 @@ def test_a_killed_ranks_last_lines_are_in_its_file_and_old_generations_go(
     assert sorted(p.name for p in logs.iterdir()) == ["gen-3", f"gen-{GENERATION}"]
 
 
-def test_a_file_past_its_cap_keeps_the_tail(tmp_path: Path) -> None:
-    path = tmp_path / "rank-0.log"
+def copy_through_copier(path: Path, data: bytes, cap: int = 1024) -> bytes:
+    """Runs the copier on ``data`` (as a rank's stdout) into ``path``; what it
+    passed on to its own stdout (the pod's log)."""
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
-    args = [str(path), "1024", str(out_read), str(err_read), "=== header"]
+    args = [str(path), str(cap), str(out_read), str(err_read), "=== header"]
     copier = subprocess.Popen(
         [sys.executable, "-m", "torchfleet_trainer.logtee", *args],
         pass_fds=(out_read, err_read),
         stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     os.close(out_read)
     os.close(err_read)
-    lines = b"".join(b"line %04d\n" % i for i in range(500))  # 5000 bytes
-    os.write(out_write, lines)
+    os.write(out_write, data)
     os.close(out_write)
     os.close(err_write)
     printed, _ = copier.communicate(timeout=30)
     assert copier.returncode == 0
-    assert printed == lines  # the tee's other side is untouched
+    return printed
+
+
+LINES = b"".join(b"line %04d\n" % i for i in range(500))  # 5000 bytes
+
+
+def test_a_file_past_its_cap_keeps_the_tail(tmp_path: Path) -> None:
+    path = tmp_path / "rank-0.log"
+    assert copy_through_copier(path, LINES) == LINES  # the tee's other side is untouched
     newest, previous = path.read_bytes(), path.with_name("rank-0.log.1").read_bytes()
     assert len(newest) <= 1024 and len(previous) == 1024
     assert (previous + newest).endswith(b"line 0499\n")
-    assert lines.endswith(newest)
+    assert LINES.endswith(newest)
+
+
+def test_a_volume_that_cannot_be_written_still_lets_the_pods_log_through(
+    tmp_path: Path,
+) -> None:
+    assert copy_through_copier(tmp_path / "absent" / "rank-0.log", LINES) == LINES
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    settings = contract.RecoverySettings()
+    assert keep_logs(str(not_a_folder), 0, settings) is None  # training goes on without

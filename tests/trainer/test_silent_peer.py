@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -35,20 +36,30 @@ TRAIN_TIMEOUT = 3.0  # the floor; 20 x this model's step time on CPU is below it
 # notice, log and exit. Far below the 600 s generous timeout they would
 # otherwise be under, and gloo's 1800 s default.
 MARGIN = 12.0
-CONFIG = gangs.tiny_config(NODES, log_interval=2, checkpoints=False)
+# Tightened at step 4 (the second log interval's end); at step 6 the first
+# evaluation and a save run under the generous timeout and must leave the
+# tight one behind, or the survivors would wait 600 s.
+CONFIG = gangs.tiny_config(NODES, log_interval=2, checkpoints=True)
+CONFIG["training"]["evalInterval"] = 6
+CONFIG["training"]["evalBatches"] = 1
+CONFIG["checkpoint"]["interval"] = 6
 
 
-def pod_env(rank: int, master_port: int) -> dict[str, str]:
-    env = gangs.pod_env("silent", NODES, rank, master_port, CONFIG)
+def pod_env(rank: int, master_port: int, checkpoint_dir: Path) -> dict[str, str]:
+    env = gangs.pod_env(
+        "silent", NODES, rank, master_port, CONFIG, checkpoint_dir=str(checkpoint_dir)
+    )
     return env | {contract.COLLECTIVE_TRAIN_TIMEOUT: str(TRAIN_TIMEOUT)}
 
 
-def start_gang() -> list[TrainerProcess]:
+def start_gang(checkpoint_dir: Path) -> list[TrainerProcess]:
     port = free_port()
-    gang = [TrainerProcess([], pod_env(rank, port)) for rank in range(NODES)]
+    gang = [TrainerProcess([], pod_env(rank, port, checkpoint_dir)) for rank in range(NODES)]
     # Rank 0 logs for the gang: every rank tightens at the same step.
     tightened = gang[0].wait_for(lambda e: e["event"] == "collective_timeout", timeout=120)
     assert tightened["seconds"] == TRAIN_TIMEOUT, tightened
+    gang[0].wait_for(lambda e: e["event"] == "eval", timeout=60)
+    gang[0].wait_for(lambda e: e["event"] == "checkpoint", timeout=60)
     return gang
 
 
@@ -78,8 +89,8 @@ def assert_failed_within_timeout(survivors: list[TrainerProcess], since: float) 
         assert f"exiting {EXIT_COLLECTIVE_FAILED} (retryable)" in node.stderr
 
 
-def test_a_silent_peer_makes_the_others_exit_202_within_the_timeout() -> None:
-    gang = start_gang()
+def test_a_silent_peer_makes_the_others_exit_202_within_the_timeout(tmp_path: Path) -> None:
+    gang = start_gang(tmp_path)
     try:
         stopped = silence(gang, 2)
         assert_failed_within_timeout(gang[:2], stopped)
@@ -89,8 +100,10 @@ def test_a_silent_peer_makes_the_others_exit_202_within_the_timeout() -> None:
         stop_all(gang)
 
 
-def test_sigterm_while_waiting_on_a_silent_peer_is_bounded_by_the_timeout() -> None:
-    gang = start_gang()
+def test_sigterm_while_waiting_on_a_silent_peer_is_bounded_by_the_timeout(
+    tmp_path: Path,
+) -> None:
+    gang = start_gang(tmp_path)
     try:
         stopped = silence(gang, 1)
         for node in (gang[0], gang[2]):

@@ -38,6 +38,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 from torchfleet_trainer import contract
 
@@ -99,10 +100,15 @@ def keep_logs(
     pod = contract.PodContract.from_env()
     round_ = contract.in_place_round()
     path = log_path(Path(checkpoint_dir), pod.restart_count, round_, rank)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if rank == 0:
-        logs = Path(checkpoint_dir) / contract.LOGS_SUBDIR
-        prune_generations(logs, pod.restart_count, settings.log_keep_generations)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if rank == 0:
+            logs = Path(checkpoint_dir) / contract.LOGS_SUBDIR
+            prune_generations(logs, pod.restart_count, settings.log_keep_generations)
+    except OSError as err:
+        # Kept logs are a help, never a reason for training to fail.
+        print(f"torchfleet-train: not keeping logs at {path}: {err}", file=sys.stderr)
+        return None
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
     header = (
@@ -143,15 +149,30 @@ def finish() -> None:
 
 class CappedFile:
     """An append-only file that keeps its last ``cap`` bytes (and up to ``cap`` before
-    them in ``<name>.1``)."""
+    them in ``<name>.1``). A volume that fails (full, gone) ends the file, not
+    the copy to the pod's own log: the rank must never block or die on it."""
 
     def __init__(self, path: Path, cap: int) -> None:
         self.path = path
         self.cap = cap
-        self.file = open(path, "ab")  # noqa: SIM115 - rotated by hand
-        self.size = self.file.tell()
+        self.file: BinaryIO | None = None
+        self.size = 0
+        with contextlib.suppress(OSError):
+            self.file = open(path, "ab")  # noqa: SIM115 - rotated by hand
+            self.size = self.file.tell()
 
     def write(self, data: bytes) -> None:
+        if self.file is None:
+            return
+        try:
+            self._write(data)
+        except OSError as err:
+            self.file = None
+            message = f"torchfleet-train: stopped keeping this log at {self.path}: {err}\n"
+            _write_all(2, message.encode())
+
+    def _write(self, data: bytes) -> None:
+        assert self.file is not None
         while data:
             room = self.cap - self.size
             if room <= 0:
@@ -163,6 +184,7 @@ class CappedFile:
         self.file.flush()
 
     def _rotate(self) -> None:
+        assert self.file is not None
         self.file.close()
         os.replace(self.path, self.path.with_name(self.path.name + ".1"))
         self.file = open(self.path, "ab")  # noqa: SIM115

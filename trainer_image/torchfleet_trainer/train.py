@@ -645,7 +645,11 @@ class Trainer:
         """Mean loss over the same evalBatches validation batches every time: kept on
         the device, their losses summed there and read with one sync."""
         self.model.train(False)
-        with self.phase(contract.PHASE_EVAL):
+        # The first evaluation compiles its own graph, which ranks may finish far
+        # apart: it runs under the generous collective timeout, as saves do.
+        first = self.validation is None
+        generous = self.timeouts.generous() if self.timeouts and first else nullcontext()
+        with self.phase(contract.PHASE_EVAL), generous:
             total = torch.zeros((), device=self.runtime.device)
             for inputs, targets in self._validation_chunks():
                 total += self.model.eval_loss(inputs, targets).float()
