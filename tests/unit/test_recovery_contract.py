@@ -71,3 +71,29 @@ def test_no_budget_is_the_default_and_a_negative_one_is_refused() -> None:
     assert contract.IN_PLACE_RESTARTS not in contract.PodContract.from_env({}).to_env()
     with pytest.raises(ContractError, match=contract.IN_PLACE_RESTARTS):
         contract.PodContract.from_env({contract.IN_PLACE_RESTARTS: "-1"})
+
+
+@pytest.mark.parametrize(
+    ("env", "code", "retried"),
+    [
+        ({}, 1, True),  # unset: OnFailure, torchrun's own behaviour
+        ({contract.RESTART_POLICY: "ExitCode"}, 3, False),
+        ({contract.RESTART_POLICY: "ExitCode"}, 137, True),
+        ({contract.RESTART_POLICY: "ExitCode", contract.RETRYABLE_EXIT_CODES: "3, 4"}, 3, True),
+        ({contract.PERMANENT_EXIT_CODES: "202"}, 202, False),
+        ({contract.RESTART_POLICY: "Never"}, 137, False),
+    ],
+)
+def test_the_exit_code_policy_is_the_run_policys(
+    env: dict[str, str], code: int, retried: bool
+) -> None:
+    assert contract.ExitCodePolicy.from_env(env).retries(code) is retried
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [(contract.RESTART_POLICY, "Always"), (contract.RETRYABLE_EXIT_CODES, "1;2")],
+)
+def test_a_bad_exit_code_policy_names_its_variable(name: str, value: str) -> None:
+    with pytest.raises(ContractError, match=name):
+        contract.ExitCodePolicy.from_env({name: value})

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 # torchrun's own variables (torch.distributed.run reads PET_<FLAG>).
@@ -510,6 +510,78 @@ LOGS_SUBDIR = "logs"
 # With a budget, ranks come from each round, so RANK/WORLD_SIZE are not set on
 # a pod even with one process per pod (the launcher starts that process).
 IN_PLACE_RESTARTS = "TORCHFLEET_IN_PLACE_RESTARTS"
+# The run policy's verdict on exit codes (spec.runPolicy.restartPolicy and its
+# retryable/permanent code lists), so that a launcher never restarts in place
+# what the operator would not restart as a gang: a worker that exits with a
+# permanent code stops its launcher, which exits with that code. Unset: every
+# failure is retried (OnFailure), torchrun's own behaviour. The operator's
+# gang restarts apply the same rule, exit_is_retryable below.
+RESTART_POLICY = "TORCHFLEET_RESTART_POLICY"  # OnFailure | ExitCode | Never
+RETRYABLE_EXIT_CODES = "TORCHFLEET_RETRYABLE_EXIT_CODES"  # comma-separated, e.g. "1,42"
+PERMANENT_EXIT_CODES = "TORCHFLEET_PERMANENT_EXIT_CODES"  # comma-separated
+RESTART_POLICIES = ("OnFailure", "ExitCode", "Never")
+# Exit codes from 128 up mean "killed by signal (code - 128)": 137 = SIGKILL
+# (often the OOM killer), 143 = SIGTERM (preemption, drain).
+FIRST_SIGNAL_EXIT_CODE = 128
+
+
+def exit_is_retryable(
+    restart_policy: str,
+    exit_code: int | None,
+    retryable_codes: Collection[int] = (),
+    permanent_codes: Collection[int] = (),
+) -> bool:
+    """Whether the run policy retries a program that exited with ``exit_code``."""
+    if exit_code is not None and exit_code in permanent_codes:
+        return False
+    if exit_code is not None and exit_code in retryable_codes:
+        return True
+    if restart_policy == "Never":
+        return False
+    if restart_policy == "ExitCode":
+        # No exit code (e.g. the container never started): not the program's verdict.
+        return exit_code is None or exit_code >= FIRST_SIGNAL_EXIT_CODE
+    return True  # OnFailure
+
+
+@dataclass(frozen=True)
+class ExitCodePolicy:
+    """The run policy's exit-code rule, as the pod's environment carries it."""
+
+    restart_policy: str = "OnFailure"
+    retryable_codes: frozenset[int] = frozenset()
+    permanent_codes: frozenset[int] = frozenset()
+
+    def __post_init__(self) -> None:
+        if self.restart_policy not in RESTART_POLICIES:
+            raise ContractError(
+                f"{RESTART_POLICY} must be one of {', '.join(RESTART_POLICIES)}, "
+                f"got {self.restart_policy!r}"
+            )
+
+    def retries(self, exit_code: int | None) -> bool:
+        return exit_is_retryable(
+            self.restart_policy, exit_code, self.retryable_codes, self.permanent_codes
+        )
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ExitCodePolicy:
+        env = os.environ if env is None else env
+        return cls(
+            restart_policy=env.get(RESTART_POLICY) or "OnFailure",
+            retryable_codes=_codes(env, RETRYABLE_EXIT_CODES),
+            permanent_codes=_codes(env, PERMANENT_EXIT_CODES),
+        )
+
+
+def _codes(env: Mapping[str, str], name: str) -> frozenset[int]:
+    raw = env.get(name) or ""
+    try:
+        return frozenset(int(part) for part in raw.split(",") if part.strip())
+    except ValueError:
+        raise ContractError(f"{name} must be comma-separated integers, got {raw!r}") from None
+
+
 # What each pod's /metrics says about them (rank 0's and every local rank 0's,
 # the same on every pod): how many in-place restarts this gang generation has
 # had (the most any pod's launcher counted: each counts the rounds its own
@@ -533,10 +605,19 @@ RESTART_REASONS = (
 TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 
 
+TORCHELASTIC_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
+
+
 def in_place_round(env: Mapping[str, str] | None = None) -> int:
     """This worker's in-place round: its agent's restarts after a failure so far."""
     env = os.environ if env is None else env
     return _int(env, TORCHELASTIC_RESTART_COUNT, 0)
+
+
+def in_place_restarts_left(env: Mapping[str, str] | None = None) -> int:
+    """How many more times this worker's agent would restart it after a failure."""
+    env = os.environ if env is None else env
+    return _int(env, TORCHELASTIC_MAX_RESTARTS, 0) - in_place_round(env)
 
 
 @dataclass(frozen=True)

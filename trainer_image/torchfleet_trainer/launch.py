@@ -25,6 +25,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import Callable, Mapping
@@ -46,8 +47,11 @@ from torchfleet_trainer.config import (
     resolve_checkpoint_dir,
 )
 from torchfleet_trainer.contract import (
+    ContractError,
     ElasticRendezvous,
+    ExitCodePolicy,
     PodContract,
+    in_place_restarts_left,
     rendezvous_configs,
 )
 from torchfleet_trainer.logtee import keep_logs
@@ -105,6 +109,7 @@ def launch(
     try:
         pod = pod_contract(env)
         recovery_settings(env)  # refused here, before any process group starts
+        ExitCodePolicy.from_env(env)
         if pod.process is not None:
             largest = largest_world(pod, pod.process.local_world_size)
             config.check_world(pod.process.world_size, largest)
@@ -114,7 +119,7 @@ def launch(
             config.check_elastic(pod.elastic.node_counts, processes)
         else:
             config.check_world(pod.nodes * processes)
-    except ConfigError as err:
+    except (ConfigError, ContractError) as err:
         print(f"torchfleet-train: {err}", file=sys.stderr)
         return EXIT_CONFIG
     if pod.elastic is None and pod.nodes * processes == 1 and pod.in_place_restarts == 0:
@@ -196,6 +201,9 @@ def run_children(launch_config: LaunchConfig, *args: str, outcomes: Path | None 
         )
         return EXIT_COLLECTIVE_FAILED
     except SignalException:
+        permanent = permanent_failure(outcomes) if outcomes else None
+        if permanent is not None:
+            return permanent
         return preempted_exit_code(outcomes, launch_config.nproc_per_node)
     except ChildFailedError as err:
         return child_failure_exit_code([f.exitcode for f in err.failures.values()], _first(err))
@@ -210,6 +218,40 @@ def preempted_exit_code(outcomes: Path | None, workers: int) -> int:
     if len(codes) == workers and all(code == EXIT_PREEMPTED for code in codes):
         return EXIT_PREEMPTED
     return EXIT_PREEMPTED_UNSAVED
+
+
+def permanent_failure(outcomes: Path) -> int | None:
+    """A code the run policy does not retry among the newest round's reports: a
+    worker that exited with it stopped this launcher (stop_launcher_if_permanent)."""
+    rounds = {_round_of(path) for path in outcomes.glob(OUTCOME_GLOB)}
+    if not rounds:
+        return None
+    policy = ExitCodePolicy.from_env()
+    for code in round_outcomes(outcomes, max(rounds)).values():
+        if code not in (None, 0, EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED) and not policy.retries(
+            code
+        ):
+            return code
+    return None
+
+
+def stop_launcher_if_permanent(code: int) -> None:
+    """In a worker its agent would restart after a failure: when the run policy
+    does not retry ``code``, stop the launcher (SIGTERM: its agent stops the
+    other workers, it exits with this code) rather than retry in place what the
+    operator would not retry as a gang."""
+    if code in (0, EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED) or in_place_restarts_left() <= 0:
+        return
+    policy = ExitCodePolicy.from_env()
+    if policy.retries(code):
+        return
+    print(
+        f"torchfleet-train: exit code {code} is permanent under restartPolicy "
+        f"{policy.restart_policy}: stopping the launcher instead of restarting in place",
+        file=sys.stderr,
+        flush=True,
+    )
+    os.kill(os.getppid(), signal.SIGTERM)
 
 
 def write_outcome(outcomes: Path, local_rank: int, code: int, round_: int = 0) -> None:

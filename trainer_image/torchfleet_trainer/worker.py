@@ -19,7 +19,12 @@ from pathlib import Path
 from torchfleet_trainer import launch
 from torchfleet_trainer.config import TrainConfig, pod_contract
 from torchfleet_trainer.contract import in_place_round
-from torchfleet_trainer.launch import failed_round_reason, train, write_outcome
+from torchfleet_trainer.launch import (
+    failed_round_reason,
+    stop_launcher_if_permanent,
+    train,
+    write_outcome,
+)
 
 
 def main() -> int:
@@ -38,8 +43,10 @@ def main() -> int:
         code = train(config, reason)
     except BaseException:
         report(1)  # an uncaught error: Python exits 1 after its traceback
+        stop_launcher_if_permanent(1)
         raise
     report(code)
+    stop_launcher_if_permanent(code)
     return code
 
 
