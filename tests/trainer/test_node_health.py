@@ -12,7 +12,6 @@ gives a thread that sleeps between bursts most of its core); a quota does.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.fixtures.e2e import DEV  # noqa: F401  (puts dev/ on the path for nodeagent)
+from tests.trainer import gang
 from tests.trainer.cli_process import TrainerProcess, free_port
 from tests.trainer.test_shakespeare_metrics import scrape
 from torchfleet_trainer import contract
@@ -57,17 +57,8 @@ def node_name(rank: int) -> str:
 
 def pod_env(rank: int, master_port: int) -> dict[str, str]:
     """What the operator sets on node ``rank``'s pod (one process per pod)."""
-    pod = contract.PodContract(
-        job_name="health",
-        namespace="default",
-        master_addr="127.0.0.1",
-        master_port=master_port,
-        nodes=NODES,
-        node_rank=rank,
-        processes_per_node=1,
-        train_config=json.dumps(CONFIG),
-    )
-    return pod.to_env() | {contract.NODE_NAME: node_name(rank)}
+    env = gang.pod_env("health", NODES, rank, master_port, CONFIG)
+    return env | {contract.NODE_NAME: node_name(rank)}
 
 
 @pytest.fixture

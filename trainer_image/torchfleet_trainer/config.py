@@ -745,6 +745,14 @@ def pod_contract(env: Mapping[str, str] | None = None) -> contract.PodContract:
         raise ConfigError(str(err)) from None
 
 
+def recovery_settings(env: Mapping[str, str] | None = None) -> contract.RecoverySettings:
+    """Collective timeouts and kept logs from ``env``, as a ConfigError if broken."""
+    try:
+        return contract.RecoverySettings.from_env(env)
+    except contract.ContractError as err:
+        raise ConfigError(str(err)) from None
+
+
 def largest_world(pod: contract.PodContract, processes_per_node: int) -> int | None:
     """An elastic job's world size at maxNodes, which fixes its micro batch; None for a
     fixed gang."""

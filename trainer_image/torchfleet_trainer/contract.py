@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 # torchrun's own variables (torch.distributed.run reads PET_<FLAG>).
@@ -178,6 +178,20 @@ class ElasticRendezvous:
             raise ContractError(f"{PET_MAX_RESTARTS} must be >= 0, got {self.max_restarts}")
         rendezvous_configs(self.conf)  # raises on a malformed value
 
+    @classmethod
+    def fixed_gang(cls, pod: PodContract) -> ElasticRendezvous:
+        """A fixed gang's rendezvous for in-place restarts: min = max = its nodes,
+        hosted by node rank 0's launcher at the master address, one run per gang
+        generation (each round of it gets a store prefix of its own)."""
+        return cls(
+            min_nodes=pod.nodes,
+            max_nodes=pod.nodes,
+            endpoint=f"{pod.master_addr}:{pod.master_port}",
+            run_id=pod.rendezvous_id,
+            max_restarts=pod.in_place_restarts,
+            conf=f"{RDZV_IS_HOST}={int(pod.node_rank == 0)}",
+        )
+
     @property
     def node_counts(self) -> range:
         return range(self.min_nodes, self.max_nodes + 1)
@@ -231,8 +245,11 @@ class PodContract:
     # Set for an elastic job (PET_RDZV_BACKEND=c10d); None for a fixed gang.
     elastic: ElasticRendezvous | None = None
     termination_message_path: str = TERMINATION_MESSAGE_PATH
+    in_place_restarts: int = 0
 
     def __post_init__(self) -> None:
+        if self.in_place_restarts < 0:
+            raise ContractError(f"{IN_PLACE_RESTARTS} must be >= 0, got {self.in_place_restarts}")
         if self.nodes < 1:
             raise ContractError(f"{NNODES} must be >= 1, got {self.nodes}")
         if not 0 <= self.node_rank < self.nodes:
@@ -269,7 +286,8 @@ class PodContract:
     def ranks(self) -> ProcessRanks | None:
         """This process's ranks; with one process per pod of a fixed gang the pod's
         own are known (an elastic job's come from each rendezvous round)."""
-        if self.process is None and self.processes_per_node == 1 and self.elastic is None:
+        alone = self.processes_per_node == 1 and self.elastic is None
+        if self.process is None and alone and self.in_place_restarts == 0:
             return ProcessRanks(rank=self.node_rank, world_size=self.nodes)
         return self.process
 
@@ -297,6 +315,7 @@ class PodContract:
             CHECKPOINT_INTERVAL: self.checkpoint_interval,
             CHECKPOINT_KEEP: self.checkpoint_keep,
             TRAIN_CONFIG: self.train_config,
+            IN_PLACE_RESTARTS: self.in_place_restarts,
         }
         env.update({name: str(value) for name, value in optional.items() if value})
         if self.elastic is not None:
@@ -336,6 +355,7 @@ class PodContract:
             elastic=_elastic(env),
             termination_message_path=env.get(TERMINATION_MESSAGE_PATH_ENV)
             or TERMINATION_MESSAGE_PATH,
+            in_place_restarts=_int(env, IN_PLACE_RESTARTS, 0),
         )
 
 
@@ -459,3 +479,194 @@ def node_name(env: Mapping[str, str] | None = None) -> str:
     """The node this process runs on: $TORCHFLEET_NODE_NAME, else the host name."""
     env = os.environ if env is None else env
     return env.get(NODE_NAME) or socket.gethostname()
+
+
+# ---- collective timeouts, kept logs, in-place restarts (issue 33) -----------------------
+# How long a rank waits in a collective for a peer before it gives up and exits
+# with the launcher's EXIT_COLLECTIVE_FAILED (202, retryable). Seconds, > 0.
+# COLLECTIVE_INIT_TIMEOUT covers process-group set-up, the resume, preflight, the
+# first steps (compilation) and every checkpoint save; after the first steps the
+# trainer tightens it to COLLECTIVE_TRAIN_TIMEOUT, or 20 x the slowest rank's
+# steady step time where that is longer (the value is the floor).
+COLLECTIVE_INIT_TIMEOUT = "TORCHFLEET_COLLECTIVE_INIT_TIMEOUT_SECONDS"
+COLLECTIVE_TRAIN_TIMEOUT = "TORCHFLEET_COLLECTIVE_TRAIN_TIMEOUT_SECONDS"
+DEFAULT_COLLECTIVE_INIT_TIMEOUT = 600.0
+DEFAULT_COLLECTIVE_TRAIN_TIMEOUT = 120.0
+
+# Every rank's stdout and stderr is kept on the checkpoint volume, under
+# <checkpoint dir>/logs/gen-<RESTART_COUNT>/round-<in-place round>/rank-<rank>.log
+# (launch.py says more): LOG_KEEP_GENERATIONS is how many gang generations keep
+# theirs (the newest; 0 keeps none and writes none), LOG_MAX_BYTES caps each
+# file (the tail is kept: past the cap the file moves to <name>.1, replacing the
+# one before, and a new one starts).
+LOG_KEEP_GENERATIONS = "TORCHFLEET_LOG_KEEP_GENERATIONS"
+LOG_MAX_BYTES = "TORCHFLEET_LOG_MAX_BYTES"
+DEFAULT_LOG_KEEP_GENERATIONS = 5
+DEFAULT_LOG_MAX_BYTES = 8 * 1024 * 1024
+LOGS_SUBDIR = "logs"
+
+# A fixed gang's in-place restart budget: how many times every pod's launcher
+# restarts its workers after a failure, all pods' workers meeting again in a new
+# round of a c10d rendezvous hosted by node rank 0's launcher (the elastic
+# path's: torchrun's max_restarts) and resuming from the last checkpoint,
+# before the launcher gives up and exits with the failure's code. 0 (the
+# default) is the behaviour before it: the launcher exits at the first failure.
+# With a budget, ranks come from each round, so RANK/WORLD_SIZE are not set on
+# a pod even with one process per pod (the launcher starts that process).
+IN_PLACE_RESTARTS = "TORCHFLEET_IN_PLACE_RESTARTS"
+# The run policy's verdict on exit codes (spec.runPolicy.restartPolicy and its
+# retryable/permanent code lists), so that a launcher never restarts in place
+# what the operator would not restart as a gang: a worker that exits with a
+# permanent code stops its launcher, which exits with that code. Unset: every
+# failure is retried (OnFailure), torchrun's own behaviour. The operator's
+# gang restarts apply the same rule, exit_is_retryable below.
+RESTART_POLICY = "TORCHFLEET_RESTART_POLICY"  # OnFailure | ExitCode | Never
+RETRYABLE_EXIT_CODES = "TORCHFLEET_RETRYABLE_EXIT_CODES"  # comma-separated, e.g. "1,42"
+PERMANENT_EXIT_CODES = "TORCHFLEET_PERMANENT_EXIT_CODES"  # comma-separated
+RESTART_POLICIES = ("OnFailure", "ExitCode", "Never")
+# Exit codes from 128 up mean "killed by signal (code - 128)": 137 = SIGKILL
+# (often the OOM killer), 143 = SIGTERM (preemption, drain).
+FIRST_SIGNAL_EXIT_CODE = 128
+
+
+def exit_is_retryable(
+    restart_policy: str,
+    exit_code: int | None,
+    retryable_codes: Collection[int] = (),
+    permanent_codes: Collection[int] = (),
+) -> bool:
+    """Whether the run policy retries a program that exited with ``exit_code``."""
+    if exit_code is not None and exit_code in permanent_codes:
+        return False
+    if exit_code is not None and exit_code in retryable_codes:
+        return True
+    if restart_policy == "Never":
+        return False
+    if restart_policy == "ExitCode":
+        # No exit code (e.g. the container never started): not the program's verdict.
+        return exit_code is None or exit_code >= FIRST_SIGNAL_EXIT_CODE
+    return True  # OnFailure
+
+
+@dataclass(frozen=True)
+class ExitCodePolicy:
+    """The run policy's exit-code rule, as the pod's environment carries it."""
+
+    restart_policy: str = "OnFailure"
+    retryable_codes: frozenset[int] = frozenset()
+    permanent_codes: frozenset[int] = frozenset()
+
+    def __post_init__(self) -> None:
+        if self.restart_policy not in RESTART_POLICIES:
+            raise ContractError(
+                f"{RESTART_POLICY} must be one of {', '.join(RESTART_POLICIES)}, "
+                f"got {self.restart_policy!r}"
+            )
+
+    def retries(self, exit_code: int | None) -> bool:
+        return exit_is_retryable(
+            self.restart_policy, exit_code, self.retryable_codes, self.permanent_codes
+        )
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ExitCodePolicy:
+        env = os.environ if env is None else env
+        return cls(
+            restart_policy=env.get(RESTART_POLICY) or "OnFailure",
+            retryable_codes=_codes(env, RETRYABLE_EXIT_CODES),
+            permanent_codes=_codes(env, PERMANENT_EXIT_CODES),
+        )
+
+
+def _codes(env: Mapping[str, str], name: str) -> frozenset[int]:
+    raw = env.get(name) or ""
+    try:
+        return frozenset(int(part) for part in raw.split(",") if part.strip())
+    except ValueError:
+        raise ContractError(f"{name} must be comma-separated integers, got {raw!r}") from None
+
+
+# What each pod's /metrics says about them (rank 0's and every local rank 0's,
+# the same on every pod): how many in-place restarts this gang generation has
+# had (the most any pod's launcher counted: each counts the rounds its own
+# workers failed in), and why the last one happened, one sample per reason, 1
+# for the last one and 0 for the others (all 0 before the first restart).
+METRIC_IN_PLACE_RESTARTS = "torchfleet_train_in_place_restarts"
+METRIC_IN_PLACE_RESTART_REASON = "torchfleet_train_in_place_restart_reason"
+LABEL_REASON = "reason"
+# The reasons, most telling first: the gang agrees on the most telling one any
+# pod saw among its own workers of the failed round.
+RESTART_REASON_WORKER_KILLED = "worker_killed"  # died by a signal or crashed unreported (OOM kill)
+RESTART_REASON_WORKER_FAILED = "worker_failed"  # the program exited with an error of its own
+RESTART_REASON_PEER_LOST = "peer_lost"  # only a collective timing out or losing a peer was seen
+RESTART_REASONS = (
+    RESTART_REASON_PEER_LOST,
+    RESTART_REASON_WORKER_FAILED,
+    RESTART_REASON_WORKER_KILLED,
+)
+# torchelastic's own (agent -> worker): how many times the agent restarted its
+# workers after a failure; the in-place round of the logs' folder.
+TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+
+
+TORCHELASTIC_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
+
+
+def in_place_round(env: Mapping[str, str] | None = None) -> int:
+    """This worker's in-place round: its agent's restarts after a failure so far."""
+    env = os.environ if env is None else env
+    return _int(env, TORCHELASTIC_RESTART_COUNT, 0)
+
+
+def in_place_restarts_left(env: Mapping[str, str] | None = None) -> int:
+    """How many more times this worker's agent would restart it after a failure."""
+    env = os.environ if env is None else env
+    return _int(env, TORCHELASTIC_MAX_RESTARTS, 0) - in_place_round(env)
+
+
+@dataclass(frozen=True)
+class RecoverySettings:
+    """The trainer's side of recovery: collective timeouts and kept logs."""
+
+    collective_init_timeout: float = DEFAULT_COLLECTIVE_INIT_TIMEOUT
+    collective_train_timeout: float = DEFAULT_COLLECTIVE_TRAIN_TIMEOUT
+    log_keep_generations: int = DEFAULT_LOG_KEEP_GENERATIONS
+    log_max_bytes: int = DEFAULT_LOG_MAX_BYTES
+
+    def __post_init__(self) -> None:
+        for name, seconds in (
+            (COLLECTIVE_INIT_TIMEOUT, self.collective_init_timeout),
+            (COLLECTIVE_TRAIN_TIMEOUT, self.collective_train_timeout),
+        ):
+            if not seconds > 0:
+                raise ContractError(f"{name} must be > 0 seconds, got {seconds}")
+        if self.log_keep_generations < 0:
+            raise ContractError(
+                f"{LOG_KEEP_GENERATIONS} must be >= 0, got {self.log_keep_generations}"
+            )
+        if self.log_max_bytes < 1024:
+            raise ContractError(f"{LOG_MAX_BYTES} must be >= 1024, got {self.log_max_bytes}")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> RecoverySettings:
+        env = os.environ if env is None else env
+        return cls(
+            collective_init_timeout=_float(
+                env, COLLECTIVE_INIT_TIMEOUT, DEFAULT_COLLECTIVE_INIT_TIMEOUT
+            ),
+            collective_train_timeout=_float(
+                env, COLLECTIVE_TRAIN_TIMEOUT, DEFAULT_COLLECTIVE_TRAIN_TIMEOUT
+            ),
+            log_keep_generations=_int(env, LOG_KEEP_GENERATIONS, DEFAULT_LOG_KEEP_GENERATIONS),
+            log_max_bytes=_int(env, LOG_MAX_BYTES, DEFAULT_LOG_MAX_BYTES),
+        )
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ContractError(f"{name} must be a number, got {raw!r}") from None

@@ -5,6 +5,14 @@
 * N processes per pod: PyTorch's elastic launcher (the API behind torchrun)
   starts them with a static rendezvous at the master pod, forwards SIGTERM to
   them and reports failures.
+* A fixed gang with an in-place budget (``TORCHFLEET_IN_PLACE_RESTARTS`` > 0,
+  even with one process per pod): the same elastic agent at min = max = the
+  gang's nodes, its c10d rendezvous hosted by node rank 0's launcher. A failed
+  worker makes every launcher restart its workers in a new round (a peer's
+  workers fail with 202 when theirs dies; an agent whose workers still run sees
+  the others waiting), resuming from the last checkpoint, until the budget is
+  spent; then the launcher exits with its workers' failure code, and one whose
+  peers closed the rendezvous exits 202.
 * An elastic job (``PET_RDZV_BACKEND=c10d``, even with one process per pod):
   the elastic agent joins the c10d rendezvous between minNodes and maxNodes.
   When a node is lost or one joins, every agent restarts its workers in a new
@@ -17,17 +25,36 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import NoReturn
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous import RendezvousError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from torchfleet_trainer.config import ConfigError, TrainConfig, largest_world, pod_contract
-from torchfleet_trainer.contract import PodContract, rendezvous_configs
+from torchfleet_trainer import contract, logtee
+from torchfleet_trainer.config import (
+    ConfigError,
+    TrainConfig,
+    largest_world,
+    pod_contract,
+    recovery_settings,
+    resolve_checkpoint_dir,
+)
+from torchfleet_trainer.contract import (
+    ContractError,
+    ElasticRendezvous,
+    ExitCodePolicy,
+    PodContract,
+    in_place_restarts_left,
+    rendezvous_configs,
+)
+from torchfleet_trainer.logtee import keep_logs
 
 EXIT_CONFIG = 2
 # 128 + SIGTERM, as a shell reports a terminated process: the gang was
@@ -40,7 +67,10 @@ EXIT_PREEMPTED = 143
 # disruption it is; the new gang starts from the last checkpoint, if any.
 EXIT_PREEMPTED_UNSAVED = 200
 # Each worker's exit code, in the launcher's temporary directory (worker.py).
-OUTCOME_GLOB = "rank-*.exit"
+# Named by the agent's round (torchelastic's restart count) and local rank:
+# round-<R>.rank-<local>.exit. The next round's workers read the failed round's
+# to say why it failed; a stopped launcher reads the newest round's.
+OUTCOME_GLOB = "round-*.rank-*.exit"
 # Too many consecutive non-finite steps (training.maxNonFiniteSteps): a
 # permanent failure under the operator's ExitCode policy.
 EXIT_DIVERGED = 3
@@ -48,6 +78,12 @@ EXIT_DIVERGED = 3
 # node or link of this gang is at fault, not the program; >= 128 like
 # EXIT_PREEMPTED_UNSAVED, so the operator's ExitCode policy retries it.
 EXIT_PREFLIGHT_FAILED = 201
+# A collective timed out waiting on a peer, or lost one (its connection reset):
+# the gang, not this rank, is broken (timeouts.py sets the timeout). >= 128 so
+# the operator's ExitCode policy retries it; the next gang or in-place round
+# resumes from the last checkpoint. Each rank that sees it logs one line naming
+# itself, the timeout and torch's message.
+EXIT_COLLECTIVE_FAILED = 202
 
 # The c10d rendezvous's timeouts (seconds) unless PET_RDZV_CONF sets them.
 # A lost node is declared dead after keep_alive_interval x keep_alive_max_attempt
@@ -72,6 +108,8 @@ def launch(
 ) -> int:
     try:
         pod = pod_contract(env)
+        recovery_settings(env)  # refused here, before any process group starts
+        ExitCodePolicy.from_env(env)
         if pod.process is not None:
             largest = largest_world(pod, pod.process.local_world_size)
             config.check_world(pod.process.world_size, largest)
@@ -81,13 +119,16 @@ def launch(
             config.check_elastic(pod.elastic.node_counts, processes)
         else:
             config.check_world(pod.nodes * processes)
-    except ConfigError as err:
+    except (ConfigError, ContractError) as err:
         print(f"torchfleet-train: {err}", file=sys.stderr)
         return EXIT_CONFIG
-    if pod.elastic is None and pod.nodes * processes == 1:
+    if pod.elastic is None and pod.nodes * processes == 1 and pod.in_place_restarts == 0:
         return train(config)
     if pod.elastic is not None:
         launch_config = elastic_launch_config(pod, processes)
+    elif pod.in_place_restarts > 0:
+        # The elastic path at a fixed size: a failure starts a new round.
+        launch_config = rendezvous_launch_config(ElasticRendezvous.fixed_gang(pod), processes)
     else:
         launch_config = static_launch_config(pod, processes)
     if processes > 1:
@@ -118,8 +159,13 @@ def static_launch_config(pod: PodContract, processes: int) -> LaunchConfig:
 
 def elastic_launch_config(pod: PodContract, processes: int) -> LaunchConfig:
     """torchrun's elastic launch from the contract's PET_* variables."""
-    elastic = pod.elastic
-    assert elastic is not None
+    assert pod.elastic is not None
+    return rendezvous_launch_config(pod.elastic, processes)
+
+
+def rendezvous_launch_config(elastic: ElasticRendezvous, processes: int) -> LaunchConfig:
+    """torchrun's elastic launch: an elastic job's, or a fixed gang's with an
+    in-place restart budget (one implementation, one set of restarts)."""
     # Each round's rank-0 agent then hands its workers a fresh store address.
     # Sharing the agent's store keeps the first round's address in nodes whose
     # rank stays non-zero, which is wrong once the rank-0 node has been lost.
@@ -146,7 +192,18 @@ def run_children(launch_config: LaunchConfig, *args: str, outcomes: Path | None 
     keeps their codes to itself, and only those codes say whether they saved."""
     try:
         elastic_launch(launch_config, sys.executable)(*args)
+    except RendezvousError as err:
+        # Another launcher spent its budget and closed the rendezvous, or the
+        # round never completed: the gang is broken, not this pod's program.
+        print(
+            f"torchfleet-train: rendezvous: {err}; exiting {EXIT_COLLECTIVE_FAILED}",
+            file=sys.stderr,
+        )
+        return EXIT_COLLECTIVE_FAILED
     except SignalException:
+        permanent = permanent_failure(outcomes) if outcomes else None
+        if permanent is not None:
+            return permanent
         return preempted_exit_code(outcomes, launch_config.nproc_per_node)
     except ChildFailedError as err:
         return child_failure_exit_code([f.exitcode for f in err.failures.values()], _first(err))
@@ -156,16 +213,83 @@ def run_children(launch_config: LaunchConfig, *args: str, outcomes: Path | None 
 def preempted_exit_code(outcomes: Path | None, workers: int) -> int:
     """143 only when every one of this pod's ``workers`` reported a saved
     checkpoint; a worker with no report was stopped before it could save."""
-    reported = list(outcomes.glob(OUTCOME_GLOB)) if outcomes else []
-    codes = [_read_code(path) for path in reported]
+    rounds = {_round_of(path) for path in outcomes.glob(OUTCOME_GLOB)} if outcomes else set()
+    codes = list(round_outcomes(outcomes, max(rounds)).values()) if outcomes and rounds else []
     if len(codes) == workers and all(code == EXIT_PREEMPTED for code in codes):
         return EXIT_PREEMPTED
     return EXIT_PREEMPTED_UNSAVED
 
 
-def write_outcome(outcomes: Path, local_rank: int, code: int) -> None:
+def permanent_failure(outcomes: Path) -> int | None:
+    """A code the run policy does not retry among the newest round's reports: a
+    worker that exited with it stopped this launcher (stop_launcher_if_permanent)."""
+    rounds = {_round_of(path) for path in outcomes.glob(OUTCOME_GLOB)}
+    if not rounds:
+        return None
+    policy = ExitCodePolicy.from_env()
+    for code in round_outcomes(outcomes, max(rounds)).values():
+        if code not in (None, 0, EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED) and not policy.retries(
+            code
+        ):
+            return code
+    return None
+
+
+def stop_launcher_if_permanent(code: int) -> None:
+    """In a worker its agent would restart after a failure: when the run policy
+    does not retry ``code``, stop the launcher (SIGTERM: its agent stops the
+    other workers, it exits with this code) rather than retry in place what the
+    operator would not retry as a gang."""
+    if code in (0, EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED) or in_place_restarts_left() <= 0:
+        return
+    policy = ExitCodePolicy.from_env()
+    if policy.retries(code):
+        return
+    print(
+        f"torchfleet-train: exit code {code} is permanent under restartPolicy "
+        f"{policy.restart_policy}: stopping the launcher instead of restarting in place",
+        file=sys.stderr,
+        flush=True,
+    )
+    os.kill(os.getppid(), signal.SIGTERM)
+
+
+def write_outcome(outcomes: Path, local_rank: int, code: int, round_: int = 0) -> None:
     # By local rank: an elastic job's global ranks change from round to round.
-    (outcomes / f"rank-{local_rank}.exit").write_text(str(code))
+    (outcomes / f"round-{round_}.rank-{local_rank}.exit").write_text(str(code))
+
+
+def round_outcomes(outcomes: Path, round_: int) -> dict[int, int | None]:
+    """The codes this pod's workers of ``round_`` reported, by local rank."""
+    found = {}
+    for path in outcomes.glob(f"round-{round_}.rank-*.exit"):
+        local = path.name.removesuffix(".exit").rpartition("rank-")[2]
+        found[int(local)] = _read_code(path)
+    return found
+
+
+def _round_of(path: Path) -> int:
+    return int(path.name.split(".", 1)[0].removeprefix("round-"))
+
+
+def failed_round_reason(outcomes: Path, round_: int, workers: int) -> str | None:
+    """Why this pod's workers of the failed ``round_`` ended, as far as they could
+    say (one of contract.RESTART_REASONS): a worker that left no report died by a
+    signal or crashed; one that lost its peer says so; any other code is the
+    program's own failure."""
+    codes = round_outcomes(outcomes, round_)
+    if len(codes) < workers or None in codes.values():
+        return contract.RESTART_REASON_WORKER_KILLED
+    if any(code not in (0, EXIT_COLLECTIVE_FAILED) for code in codes.values()):
+        return contract.RESTART_REASON_WORKER_FAILED
+    if EXIT_COLLECTIVE_FAILED in codes.values():
+        return contract.RESTART_REASON_PEER_LOST
+    return None
+
+
+# Set by worker.py: reports this worker's exit code for its launcher, also on a
+# path that leaves through os._exit.
+report_exit: Callable[[int], None] = lambda code: None  # noqa: E731
 
 
 def _read_code(path: Path) -> int | None:
@@ -200,21 +324,49 @@ def _shell_code(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
-def train(config: TrainConfig) -> int:
-    """Trains in this process; the exit code its outcome calls for."""
+def train(config: TrainConfig, restart_reason: str | None = None) -> int:
+    """Trains in this process (its output kept on the checkpoint volume too); the
+    exit code its outcome calls for. ``restart_reason``: why this pod's workers of
+    the previous in-place round failed (worker.py's), None in the first."""
+    pod = pod_contract()
+    rank = pod.ranks.rank if pod.ranks else 0
+    keep_logs(resolve_checkpoint_dir(config, pod), rank, recovery_settings())
     # Deferred: a launcher whose workers train never needs the training stack
     # (seconds of imports, paid again by every elastic agent before it joins).
     from torchfleet_trainer.preflight import PreflightFailed
+    from torchfleet_trainer.timeouts import is_peer_failure
     from torchfleet_trainer.train import TrainingDiverged, run_worker
 
     try:
-        return exit_code(run_worker(config).status)
+        return exit_code(run_worker(config, restart_reason).status)
     except TrainingDiverged as err:
         print(f"torchfleet-train: {err}", file=sys.stderr)
         return EXIT_DIVERGED
     except PreflightFailed as err:
         print(f"torchfleet-train: preflight: {err}", file=sys.stderr)
         return EXIT_PREFLIGHT_FAILED
+    except Exception as err:
+        if not is_peer_failure(err):
+            raise
+        exit_on_peer_failure(err)
+
+
+def exit_on_peer_failure(err: BaseException) -> NoReturn:
+    """Logs which rank lost its gang and how, then exits 202 at once: threads
+    still waiting on the gang (an async save's, the batch prefetcher's) would
+    hold an orderly exit up, and nothing they hold is worth keeping."""
+    ranks = pod_contract().process
+    who = f"rank {ranks.rank}/{ranks.world_size}" if ranks else "this process"
+    first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    print(
+        f"torchfleet-train: {who}: a collective failed waiting on a peer that is silent "
+        f"or gone ({first_line}); exiting {EXIT_COLLECTIVE_FAILED} (retryable)",
+        file=sys.stderr,
+        flush=True,
+    )
+    report_exit(EXIT_COLLECTIVE_FAILED)
+    logtee.finish()
+    os._exit(EXIT_COLLECTIVE_FAILED)
 
 
 def exit_code(status: str) -> int:

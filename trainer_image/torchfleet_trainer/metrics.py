@@ -76,16 +76,29 @@ class TrainMetrics:
             contract.METRIC_NODE_STRAGGLER_SCORE,
             "The node's compute seconds over the median node's (1 = typical). Rank 0 only.",
         )
-        self.phase = Gauge(
+
+        def one_hot(name: str, doc: str, label: str) -> Gauge:
+            """One sample per value of ``label``: 1 for the current one, 0 for the others."""
+            return Gauge(name, doc, (label,), registry=self.registry)
+
+        self.phase = one_hot(
             contract.METRIC_PHASE,
             "1 for the phase the trainer is in, 0 for the others.",
-            (contract.LABEL_PHASE,),
-            registry=self.registry,
+            contract.LABEL_PHASE,
         )
         self.phase_started = gauge(
             contract.METRIC_PHASE_STARTED, "Unix time the current phase began."
         )
         self.set_phase(contract.PHASE_STARTING)
+        self.in_place_restarts = gauge(
+            contract.METRIC_IN_PLACE_RESTARTS,
+            "In-place restarts of this gang generation's workers (the most any launcher counted).",
+        )
+        self.in_place_restart_reason = one_hot(
+            contract.METRIC_IN_PLACE_RESTART_REASON,
+            "1 for the reason of the last in-place restart, 0 for the others.",
+            contract.LABEL_REASON,
+        )
         self.preflight_matmul_flops = per_node(
             contract.METRIC_PREFLIGHT_MATMUL_FLOPS,
             "Preflight: matmul FLOP/s of the node's slowest process. Rank 0 only.",

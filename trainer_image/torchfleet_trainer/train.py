@@ -9,9 +9,9 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
@@ -28,6 +28,7 @@ from torchfleet_trainer.config import (
     TrainConfig,
     largest_world,
     pod_contract,
+    recovery_settings,
     resolve_checkpoint_dir,
     resolve_metrics_port,
 )
@@ -59,6 +60,7 @@ from torchfleet_trainer.models import build_model
 from torchfleet_trainer.preflight import publish, run_preflight
 from torchfleet_trainer.schedule import lr_at
 from torchfleet_trainer.tensorboard import TensorBoardLog
+from torchfleet_trainer.timeouts import CollectiveTimeouts
 
 
 @dataclass
@@ -289,15 +291,18 @@ class Trainer:
         metrics: TrainMetrics | None = None,
         metrics_port: int | None = None,
         gang: list[GangNode] | None = None,
+        timeouts: CollectiveTimeouts | None = None,
     ) -> None:
         """``metrics`` are served on ``metrics_port`` (when given) once the run
-        has resumed."""
+        has resumed; ``timeouts`` (run_worker's) tightens the process groups'
+        timeout after the first steps."""
         self.config = config
         self.runtime = runtime
         self.metrics = metrics
         self.metrics_port = metrics_port
         # Each process's node, by global rank (run_worker's, where preflight gathered it).
         self.gang = gang or gang_nodes(runtime)
+        self.timeouts = timeouts
         self.clock = ComputeClock.for_device(runtime.device)
         training = config.training
         self.corpus = load_corpus(
@@ -340,6 +345,8 @@ class Trainer:
             if config.checkpoint.enabled and ckpt_dir and runtime.dims is not None
             else None
         )
+        if timeouts and self.checkpointer and self.checkpointer.async_group is not None:
+            timeouts.exclude(self.checkpointer.async_group)
 
     def _peak_tflops(self) -> float | None:
         """For MFU: metrics.peakTflops, else the GPU's own peak at this precision."""
@@ -480,13 +487,19 @@ class Trainer:
         cfg = self.config.training
         pending: list[StepOutcome] = []
         began = time.perf_counter()
+        settled = 0
         self.clock.steps_begin()
         for step in range(start + 1, cfg.steps + 1):
             pending.append(self._step(step))
             if not self._settles_at(step):
                 continue
             self.clock.steps_end(len(pending))
-            finite = self._settle(pending, time.perf_counter() - began, result)
+            window = time.perf_counter() - began
+            finite = self._settle(pending, window, result)
+            settled += 1
+            if settled == 2:
+                # The first window holds compilation and warm-up; the second is steady.
+                self._tighten_timeouts(window / len(pending))
             pending = []
             if self._logs_at(step):
                 self._report_nodes()
@@ -543,6 +556,12 @@ class Trainer:
             opt.step()
         self.clock.section_ends()
         return StepOutcome(step, lr, mean_loss, grad_norm, finite)
+
+    def _tighten_timeouts(self, step_seconds: float) -> None:
+        if self.timeouts is None or self.runtime.world_size == 1:
+            return
+        seconds = self.timeouts.tighten(step_seconds)
+        self.log("collective_timeout", seconds=round(seconds, 3))
 
     def _settles_at(self, step: int) -> bool:
         """Steps whose results the host needs: logged, evaluated, checkpointed or last;
@@ -612,7 +631,8 @@ class Trainer:
     def save(self, step: int, final: bool) -> None:
         assert self.checkpointer is not None
         # The last save before exiting must finish, so it is never asynchronous.
-        with self.phase(contract.PHASE_CHECKPOINT):
+        generous = self.timeouts.generous() if self.timeouts else nullcontext()
+        with self.phase(contract.PHASE_CHECKPOINT), generous:
             seconds = self.checkpointer.save(step, self.train_state(step), force_sync=final)
         if self.metrics:
             self.metrics.checkpoint_save_seconds.observe(seconds)
@@ -625,7 +645,11 @@ class Trainer:
         """Mean loss over the same evalBatches validation batches every time: kept on
         the device, their losses summed there and read with one sync."""
         self.model.train(False)
-        with self.phase(contract.PHASE_EVAL):
+        # The first evaluation compiles its own graph, which ranks may finish far
+        # apart: it runs under the generous collective timeout, as saves do.
+        first = self.validation is None
+        generous = self.timeouts.generous() if self.timeouts and first else nullcontext()
+        with self.phase(contract.PHASE_EVAL), generous:
             total = torch.zeros((), device=self.runtime.device)
             for inputs, targets in self._validation_chunks():
                 total += self.model.eval_loss(inputs, targets).float()
@@ -761,10 +785,12 @@ def _init_weights(model: nn.Module) -> None:
 
 
 def init_distributed(config: TrainConfig) -> None:
-    """Joins the process group torchrun (or the pod contract) describes."""
+    """Joins the process group torchrun (or the pod contract) describes, with the
+    generous collective timeout (timeouts.py tightens it after the first steps)."""
     if dist.is_initialized():
         return
     pod = pod_contract()
+    timeout = timedelta(seconds=recovery_settings().collective_init_timeout)
     device = pick_device(config, pod.local_rank)
     backend = "nccl" if device.type == "cuda" else "gloo"
     if pod.process is None:
@@ -774,9 +800,9 @@ def init_distributed(config: TrainConfig) -> None:
         return
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        dist.init_process_group(backend, device_id=device)
+        dist.init_process_group(backend, device_id=device, timeout=timeout)
     else:
-        dist.init_process_group(backend)
+        dist.init_process_group(backend, timeout=timeout)
 
 
 def gang_nodes(runtime: Runtime) -> list[GangNode]:
@@ -805,18 +831,43 @@ def _no_log(event: str, **fields: Any) -> None:
     """A log that writes nothing (metrics.jsonLogs off)."""
 
 
-def run_worker(config: TrainConfig) -> RunResult:
-    """One training process: process group, metrics server, loop, clean shutdown."""
+def report_in_place_restarts(
+    config: TrainConfig, runtime: Runtime, metrics: TrainMetrics | None, reason: str | None
+) -> None:
+    """The gang's in-place restarts and the last one's reason, on every /metrics:
+    the most any launcher counted, and the most telling reason any pod saw among
+    its own workers (a killed worker's pod says so, its peers only lost a peer)."""
+    reasons = contract.RESTART_REASONS
+    mine = [contract.in_place_round(), reasons.index(reason) + 1 if reason else 0]
+    agreed = torch.tensor(mine, dtype=torch.int64, device=runtime.device)
+    if runtime.world_size > 1:
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+    restarts, which = agreed.tolist()
+    if metrics:
+        metrics.in_place_restarts.set(restarts)
+        for index, each in enumerate(reasons, start=1):
+            metrics.in_place_restart_reason.labels(each).set(1.0 if index == which else 0.0)
+    if restarts and runtime.is_logger and config.metrics.json_logs:
+        last = reasons[which - 1] if which else None
+        log_json("in_place_restart", restarts=restarts, reason=last)
+
+
+def run_worker(config: TrainConfig, restart_reason: str | None = None) -> RunResult:
+    """One training process: process group, metrics server, loop, clean shutdown.
+    ``restart_reason``: why this pod's workers of the previous in-place round failed."""
     init_distributed(config)
     try:
         runtime = build_runtime(config)
+        timeouts = CollectiveTimeouts(recovery_settings(), runtime.device)
+        timeouts.start_generous()  # the mesh's groups too, which do not inherit it
         metrics = None
         if config.metrics.enabled and runtime.local_rank == 0:
             metrics = TrainMetrics()  # served once the run has resumed (Trainer.run)
+        report_in_place_restarts(config, runtime, metrics, restart_reason)
         gang = gang_nodes(runtime)
         if config.preflight.enabled and runtime.world_size > 1:
             check_gang(config, runtime, gang, metrics)
         port = resolve_metrics_port(config, pod_contract()) if metrics else None
-        return Trainer(config, runtime, metrics, port, gang).run()
+        return Trainer(config, runtime, metrics, port, gang, timeouts).run()
     finally:
         dist.destroy_process_group()

@@ -1,0 +1,132 @@
+"""A fixed gang restarts in place: every launcher restarts its workers, no launcher exits.
+
+Three ``torchfleet-train`` launchers ("pods", one process each) with the
+operator's environment and an in-place budget of 1 join a c10d rendezvous
+hosted by node rank 0's launcher. One worker (the training process, not its
+launcher) is SIGKILLed after a checkpoint: every launcher restarts its worker,
+the world meets again at three in a new round and resumes from the last
+checkpoint's step while all three launchers keep running; /metrics and rank
+0's log say one in-place restart, because a worker was killed. A second kill
+spends the budget: the launchers exit, the killed one's with 137 (its
+worker's SIGKILL), the others' with 202 (a lost peer).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.trainer import gang
+from tests.trainer.cli_process import TrainerProcess, free_port
+from tests.trainer.test_shakespeare_metrics import scrape
+from torchfleet_trainer import contract
+from torchfleet_trainer.launch import EXIT_COLLECTIVE_FAILED
+
+pytestmark = pytest.mark.trainer
+
+NODES = 3
+INTERVAL = 4  # checkpoint every this many steps
+CONFIG = gang.tiny_config(NODES, log_interval=1, checkpoints=True)
+CONFIG["checkpoint"] |= {"interval": INTERVAL, "asyncSave": False}
+CONFIG["metrics"] = {"port": 0}  # every pod's own free port
+TIMEOUT = 120
+
+
+def pod_env(rank: int, master_port: int, checkpoint_dir: Path) -> dict[str, str]:
+    return gang.pod_env(
+        "in-place",
+        NODES,
+        rank,
+        master_port,
+        CONFIG,
+        checkpoint_dir=str(checkpoint_dir),
+        in_place_restarts=1,
+    )
+
+
+def worker_pid(launcher: TrainerProcess) -> int:
+    """The training process the launcher's agent started (its child)."""
+    pid = launcher.proc.pid
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    for child in children:
+        if b"torchfleet_trainer.worker" in Path(f"/proc/{child}/cmdline").read_bytes():
+            return int(child)
+    raise AssertionError(f"launcher {pid} has no worker among {children}")
+
+
+class Pods:
+    """The launchers' events, read in order across calls: rank 0 logs, and after a
+    new round rank 0 may be on any pod."""
+
+    def __init__(self, pods: list[TrainerProcess]) -> None:
+        self.pods = pods
+        self.read = [0] * len(pods)
+
+    def wait_for(self, predicate: Any, timeout: float = TIMEOUT) -> dict[str, Any]:
+        """The first event not yet read, of any pod, satisfying ``predicate``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for index, pod in enumerate(self.pods):
+                pod.drain()
+                while self.read[index] < len(pod.events):
+                    event = pod.events[self.read[index]]
+                    self.read[index] += 1
+                    if predicate(event):
+                        return event
+            time.sleep(0.1)
+        raise AssertionError(f"no matching event in {timeout}s")
+
+
+def test_a_killed_worker_restarts_every_pods_workers_in_place(tmp_path: Path) -> None:
+    port = free_port()
+    pods = [TrainerProcess([], pod_env(rank, port, tmp_path)) for rank in range(NODES)]
+    gang_events = Pods(pods)
+    try:
+        saved = gang_events.wait_for(lambda e: e["event"] == "checkpoint")["step"]
+        gang_events.wait_for(lambda e: e["event"] == "step" and e["step"] > saved)
+        os.kill(worker_pid(pods[1]), signal.SIGKILL)
+        killed = time.monotonic()
+
+        restart = gang_events.wait_for(lambda e: e["event"] == "in_place_restart")
+        # The killed worker's pod saw no report from it; the others lost a peer.
+        assert restart == restart | {"restarts": 1, "reason": contract.RESTART_REASON_WORKER_KILLED}
+        world = gang_events.wait_for(lambda e: e["event"] == "world")
+        assert world["world_size"] == NODES
+        resumed = gang_events.wait_for(lambda e: e["event"] == "resumed")
+        metrics_port = gang_events.wait_for(lambda e: e["event"] == "metrics")["port"]
+        samples = scrape(metrics_port)
+        assert samples[contract.METRIC_IN_PLACE_RESTARTS] == 1
+        reasons = {
+            reason: samples[f'{contract.METRIC_IN_PLACE_RESTART_REASON}{{reason="{reason}"}}']
+            for reason in contract.RESTART_REASONS
+        }
+        assert reasons == {
+            contract.RESTART_REASON_PEER_LOST: 0,
+            contract.RESTART_REASON_WORKER_FAILED: 0,
+            contract.RESTART_REASON_WORKER_KILLED: 1,
+        }
+        assert resumed["step"] >= saved and resumed["step"] % INTERVAL == 0, (resumed, saved)
+        gang_events.wait_for(lambda e: e["event"] == "step" and e["step"] > resumed["step"])
+        print(f"in place: kill -> first step of the new round: {time.monotonic() - killed:.1f}s")
+        assert [pod.proc.poll() for pod in pods] == [None] * NODES
+
+        os.kill(worker_pid(pods[2]), signal.SIGKILL)
+        codes = [pod.finish(timeout=TIMEOUT) for pod in pods]
+    finally:
+        for pod in pods:
+            if pod.proc.poll() is None:
+                os.killpg(pod.proc.pid, signal.SIGKILL)
+                pod.proc.wait()
+    print(f"saved at {saved}, resumed at {resumed['step']}, launchers exited {codes}")
+    # Each launcher exits with its own workers' failure: the killed one's SIGKILL,
+    # the others' lost peer; both retryable under the operator's ExitCode policy.
+    expected = [EXIT_COLLECTIVE_FAILED, EXIT_COLLECTIVE_FAILED, 128 + signal.SIGKILL]
+    assert codes == expected, (codes, [p.stderr[-1500:] for p in pods])
+    # Each round kept its own logs.
+    rounds = {p.name for p in (tmp_path / contract.LOGS_SUBDIR / "gen-0").iterdir()}
+    assert rounds == {"round-0", "round-1"}, rounds
