@@ -74,10 +74,9 @@ OUTCOME_GLOB = "round-*.rank-*.exit"
 # Too many consecutive non-finite steps (training.maxNonFiniteSteps): a
 # permanent failure under the operator's ExitCode policy.
 EXIT_DIVERGED = 3
-# A collective of the preflight check failed or timed out (preflight.enabled): a
-# node or link of this gang is at fault, not the program; >= 128 like
-# EXIT_PREEMPTED_UNSAVED, so the operator's ExitCode policy retries it.
-EXIT_PREFLIGHT_FAILED = 201
+# A collective of the preflight check failed or timed out (preflight.enabled):
+# the pod contract's, since the operator names it in the Preflight condition.
+EXIT_PREFLIGHT_FAILED = contract.EXIT_PREFLIGHT_FAILED
 # A collective timed out waiting on a peer, or lost one (its connection reset):
 # the gang, not this rank, is broken (timeouts.py sets the timeout). >= 128 so
 # the operator's ExitCode policy retries it; the next gang or in-place round

@@ -39,10 +39,14 @@ from torchfleet_operator.build.pods import pod_name_for_rank
 from torchfleet_operator.observed import ObservedPod, parse_time
 from torchfleet_operator.planning import ChildRef, Pass, Plan
 from torchfleet_operator.policy import finish
+from torchfleet_trainer import contract
 
 # Exit codes from 128 up mean "killed by signal (code - 128)": 137 = SIGKILL
-# (often the OOM killer), 143 = SIGTERM (preemption, drain).
-FIRST_SIGNAL_EXIT_CODE = 128
+# (often the OOM killer), 143 = SIGTERM (preemption, drain). The rule that
+# classifies an exit is the pod contract's, shared with the trainer's launcher,
+# which applies it to in-place restarts.
+FIRST_SIGNAL_EXIT_CODE = contract.FIRST_SIGNAL_EXIT_CODE
+exit_is_retryable = contract.exit_is_retryable
 # The kubelet's reason for a container the kernel's OOM killer ended.
 OOM_KILLED = "OOMKilled"
 
@@ -63,24 +67,6 @@ class Failure:
         code = f" with exit code {self.exit_code}" if self.exit_code is not None else ""
         detail = f": {self.message}" if self.message else ""
         return f"pod {self.pod} {self.reason}{code}{detail}"
-
-
-def exit_is_retryable(
-    restart_policy: str,
-    exit_code: int | None,
-    retryable_codes: Collection[int] = (),
-    permanent_codes: Collection[int] = (),
-) -> bool:
-    if exit_code is not None and exit_code in permanent_codes:
-        return False
-    if exit_code is not None and exit_code in retryable_codes:
-        return True
-    if restart_policy == "Never":
-        return False
-    if restart_policy == "ExitCode":
-        # No exit code (e.g. the container never started): not the program's verdict.
-        return exit_code is None or exit_code >= FIRST_SIGNAL_EXIT_CODE
-    return True  # OnFailure
 
 
 def first_failure(failures: Collection[Failure]) -> Failure:
