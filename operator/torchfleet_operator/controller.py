@@ -476,6 +476,8 @@ class Controller:
         # refused write is planned again by the next pass, and counted then.
         for reason in decided.worker_replacements:
             metrics.ELASTIC_REPLACEMENTS.labels(reason=reason).inc()
+        for reason in decided.in_place_restarts:
+            metrics.IN_PLACE_RESTARTS.labels(reason=reason).inc()
         return True
 
     def _remember(self, key: JobKey, decided: Any, created_pods: list[str]) -> None:

@@ -43,6 +43,11 @@ DISRUPTIONS = Counter(
     "not counted toward backoffLimit",
     ["reason"],
 )
+IN_PLACE_RESTARTS = Counter(
+    "torchfleet_operator_in_place_restarts_total",
+    "Restarts of a gang's processes in place (no new pods), as the master reported them",
+    ["reason"],
+)
 ELASTIC_REPLACEMENTS = Counter(
     "torchfleet_operator_elastic_replacements_total",
     "Workers of elastic jobs replaced alone while the rest of the gang kept training",

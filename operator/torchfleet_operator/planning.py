@@ -26,6 +26,7 @@ from torchfleet_operator.observed import Observed, ObservedPod, parse_time, time
 from torchfleet_operator.status import conditions as cond
 from torchfleet_operator.status import goodput
 from torchfleet_operator.status import progress as progress_status
+from torchfleet_operator.status.counts import total_restarts
 
 FINISHED = (c.PHASE_SUCCEEDED, c.PHASE_FAILED)
 # Status keys the time accounting writes.
@@ -73,6 +74,8 @@ class Plan:
     disruption: str | None = None  # reason, when that restart is a disruption (not counted)
     # Reasons of the elastic workers this pass replaces alone (one per pod).
     worker_replacements: list[str] = field(default_factory=list)
+    # Reasons of the in-place restarts this pass learned of (one per restart).
+    in_place_restarts: list[str] = field(default_factory=list)
 
     def wake_in(self, seconds: float | None) -> None:
         if seconds is None:
@@ -181,6 +184,7 @@ class Pass:
     def finalize(self) -> Plan:
         if self.generation is not None:
             self.status["observedGeneration"] = self.generation
+        self.status["restarts"] = total_restarts(self.status)
         self._account()
         self._lifecycle_events()
         self.plan.status = self.status

@@ -13,6 +13,7 @@ This module only dispatches: each decision is its policy's, whole
 * the deadline (deadline.py); a pod template refused as invalid (invalid.py);
 * success (success.py); failures: an elastic worker replaced alone
   (elastic.py), else a gang restart or the job's failure (failure.py);
+* in-place restarts the gang reported, counted toward backoffLimit (in_place.py);
 * node health: stragglers, preflight, a stalled step, and the restarts
   they ask for (health.py);
 * the old gang's pods still terminating, the restart back-off (failure.py);
@@ -45,6 +46,7 @@ from torchfleet_operator.policy import (
     finish,
     gang,
     health,
+    in_place,
     invalid,
     kueue,
     reporting,
@@ -127,6 +129,8 @@ def _active(step: Pass, spec: TrainingJobSpec) -> Plan:
     if invalid.fail_if_pods_refused(step):
         return finish.finished(step, spec)
     if success.finish_if_succeeded(step, spec, current):
+        return finish.finished(step, spec)
+    if in_place.record(step, spec):  # restarts in place past backoffLimit
         return finish.finished(step, spec)
 
     found = failure.failures(step, spec, current, restart)

@@ -190,7 +190,7 @@ def _printer_columns() -> list[dict[str, Any]]:
             "jsonPath": ".status.nodesReady",
             "description": "Ready pods / pods in the gang (one pod per node)",
         },
-        {"name": "Restarts", "type": "integer", "jsonPath": ".status.restartCount"},
+        {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
         {
             "name": "Progress",
             "type": "integer",

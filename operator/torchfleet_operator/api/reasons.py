@@ -104,6 +104,7 @@ REASON_ADMITTED: Final = "Admitted"  # Evicted goes False: admitted again
 # ---- event reasons (besides a phase change's, which is its condition's reason) ----
 EVENT_GANG_RESUMED: Final = "GangResumed"
 EVENT_WORKER_REPLACED: Final = "WorkerReplaced"
+EVENT_IN_PLACE_RESTART: Final = "InPlaceRestart"  # the gang's processes, no new pods
 EVENT_SCALED_DOWN: Final = "ScaledDown"
 EVENT_SCALED_UP: Final = "ScaledUp"
 EVENT_SPEC_NOT_UNDERSTOOD: Final = CONDITION_SPEC_NOT_UNDERSTOOD

@@ -536,6 +536,16 @@ class RunPolicy(ApiModel):
         "is refused. Give a big model its save time (torchfleet_checkpoint_save_seconds) "
         "plus a step or two.",
     )
+    in_place_restarts: int = Field(
+        0,
+        ge=0,
+        le=1000,
+        description="Failures of the program a fixed gang of the built-in trainer recovers "
+        "from in place: each pod's launcher restarts its processes, the gang meets in a new "
+        "rendezvous round and resumes from the last checkpoint, with no new pods. Counted "
+        "toward backoffLimit (status.inPlaceRestarts). Spent, or a pod or node lost: a gang "
+        "restart. 0: every failure is a gang restart.",
+    )
     stragglers: StragglerPolicy = section(
         StragglerPolicy,
         "Straggler detection from torchfleet-train's per-node compute time.",
@@ -916,6 +926,15 @@ class TrainingJobSpec(ApiModel):
             ),
             field_path=".command",
         ),
+        Rule(
+            cel="self.runPolicy.inPlaceRestarts == 0 || (!has(self.command) && !has(self.elastic))",
+            message="runPolicy.inPlaceRestarts needs a fixed gang of the built-in trainer (no "
+            "spec.command; an elastic job restarts in place through elastic.maxRestarts)",
+            check=lambda s: (
+                s.run_policy.in_place_restarts == 0 or (s.command is None and s.elastic is None)
+            ),
+            field_path=".runPolicy.inPlaceRestarts",
+        ),
         _deepspeed_launches_its_own_node(),
         *world_size_rules(),
         *elastic_rules(),
@@ -1170,6 +1189,18 @@ class HealthStatus(StatusModel):
     step_seen: StepSeenStatus | None = Field(None, description="The step's last move.")
 
 
+class InPlaceRestartsStatus(StatusModel):
+    """Restarts of the gang's processes in place (runPolicy.inPlaceRestarts)."""
+
+    total: int = Field(0, ge=0, description="In-place restarts over every gang so far.")
+    gang: int = Field(0, ge=0, description="The gang (restartCount) of inGang.")
+    in_gang: int = Field(0, ge=0, description="The current gang's, as its pods report.")
+    last_reason: Annotated[str, StringConstraints(max_length=64)] | None = Field(
+        None, description="Why the last one happened: worker_killed, worker_failed, peer_lost."
+    )
+    last_time: datetime | None = Field(None, description="When the operator saw it.")
+
+
 class TrainingJobStatus(StatusModel):
     """What the operator observed; written only by the operator."""
 
@@ -1211,6 +1242,12 @@ class TrainingJobStatus(StatusModel):
         ge=0,
         description="Restarts counted toward runPolicy.backoffLimit: the program's own "
         "failures (restartCount less the disruptions that restarted the gang).",
+    )
+    in_place_restarts: InPlaceRestartsStatus | None = Field(
+        None, description="The gang's processes restarted in place (no new pods)."
+    )
+    restarts: int = Field(
+        0, ge=0, description="restartCount plus the in-place restarts: kubectl's Restarts."
     )
     start_time: datetime | None = Field(
         None,

@@ -39,6 +39,7 @@ from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
 from torchfleet_operator.build.names import MASTER_ROLE
 from torchfleet_operator.observed import ObservedPod, parse_time, timestamp
 from torchfleet_operator.planning import Pass
+from torchfleet_operator.policy import reporting
 from torchfleet_operator.policy.failure import Failure
 from torchfleet_operator.status.node_health import GangHealth, NodeFigures
 from torchfleet_trainer import contract
@@ -66,7 +67,7 @@ def judge(step: Pass, spec: TrainingJobSpec, gang: list[ObservedPod]) -> list[Fa
     # Figures count only from the scrape status.progress shows (this gang's, and
     # each log interval once); the phase is read from the latest scrape, which
     # a pass may refuse as progress only for being taken in the same second.
-    if latest is not None and latest.nodes and _scrape_is_current(step):
+    if latest is not None and latest.nodes and reporting.scrape_is_shown(step):
         nodes = _nodes(step, spec, health, latest, gang)
         found += _stragglers(step, spec, health, nodes, gang)
         found += _preflight(step, spec, health, nodes, gang)
@@ -102,13 +103,6 @@ def _for_gang(step: Pass, restart: int) -> dict[str, Any]:
     if step.is_true(r.CONDITION_STALLED):
         step.clear_condition(r.CONDITION_STALLED, r.REASON_STEP_MOVING, f"gang {restart} started")
     return kept
-
-
-def _scrape_is_current(step: Pass) -> bool:
-    """The pass's scrape is the one status.progress shows: this gang's (reporting.py).
-    Whole, not by its time: two scrapes a second apart may carry the same stamp."""
-    scraped = step.observed.progress
-    return isinstance(scraped, dict) and scraped == step.status.get("progress")
 
 
 def _node_name(label: str, gang: list[ObservedPod]) -> str:

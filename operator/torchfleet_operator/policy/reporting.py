@@ -71,3 +71,11 @@ def progress_complete(step: Pass) -> None:
         return
     done = {k: v for k, v in progress.items() if k != "etaSeconds"}
     step.status["progress"] = done | {"step": progress["totalSteps"], "percent": 100}
+
+
+def scrape_is_shown(step: Pass) -> bool:
+    """The pass's scrape is the one status.progress shows: this gang's, accepted
+    by record_progress. Whole, not by its time: two scrapes a second apart may
+    carry the same stamp."""
+    scraped = step.observed.progress
+    return isinstance(scraped, dict) and scraped == step.status.get("progress")

@@ -25,9 +25,11 @@ PREFLIGHT_RATIO = contract.METRIC_PREFLIGHT_MATMUL_RATIO
 PREFLIGHT_PASSED = contract.METRIC_PREFLIGHT_NODE_PASSED
 PHASE = contract.METRIC_PHASE
 PHASE_STARTED = contract.METRIC_PHASE_STARTED
+IN_PLACE_RESTARTS = contract.METRIC_IN_PLACE_RESTARTS
+IN_PLACE_REASON = contract.METRIC_IN_PLACE_RESTART_REASON
 PER_NODE = (COMPUTE, SCORE, PREFLIGHT_RATIO, PREFLIGHT_PASSED)
 # The labelled families this module reads (the rest of a scrape is progress's).
-WANTED = {*PER_NODE, PHASE}
+WANTED = {*PER_NODE, PHASE, IN_PLACE_REASON}
 MAX_NODES = c.MAX_WORKERS + 1
 MAX_NODE_NAME = 253
 
@@ -52,6 +54,9 @@ class GangHealth:
     phase: str | None = None  # one of contract.PHASES; None: not exported
     phase_started: float | None = None  # Unix time the phase began
     step_seconds: float | None = None  # this gang's mean step time
+    # This gang's restarts of its processes in place, and the last one's reason.
+    in_place_restarts: int | None = None
+    in_place_reason: str | None = None
 
     @property
     def window(self) -> tuple[tuple[str, float | None], ...]:
@@ -63,17 +68,18 @@ def health_from_samples(
     samples: list[tuple[str, dict[str, str], float]],
     phase_started: float | None,
     step_seconds: float | None,
+    in_place_restarts: float | None = None,
 ) -> GangHealth | None:
     """The gang's health from the labelled samples of a scrape; None when it has none."""
     nodes: dict[str, dict[str, Any]] = {}
-    phase = None
+    phase = reason = None
     for name, labels, value in samples:
         if not math.isfinite(value) or value < 0:
             continue
-        if name == PHASE:
-            label = labels.get(contract.LABEL_PHASE)
-            if value == 1 and label in contract.PHASES:
-                phase = label
+        if name in (PHASE, IN_PLACE_REASON):
+            label = labels.get(contract.LABEL_PHASE if name == PHASE else contract.LABEL_REASON)
+            if value == 1 and label in (contract.PHASES + contract.RESTART_REASONS):
+                phase, reason = (label, reason) if name == PHASE else (phase, label)
             continue
         node = labels.get(contract.LABEL_NODE, "")
         if not 0 < len(node) <= MAX_NODE_NAME:
@@ -85,13 +91,21 @@ def health_from_samples(
         if rank.isdigit() and len(rank) < 7:
             figures["node_rank"] = int(rank)
         _set_figure(figures, name, value)
-    if not nodes and phase is None:
+    restarts = _count(in_place_restarts)
+    if not nodes and phase is None and restarts is None:
         return None
     ordered = sorted(
         (NodeFigures(**f) for f in nodes.values()),
         key=lambda n: (n.node_rank is None, n.node_rank or 0, n.node),
     )
-    return GangHealth(tuple(ordered), phase, phase_started, step_seconds)
+    return GangHealth(tuple(ordered), phase, phase_started, step_seconds, restarts, reason)
+
+
+def _count(value: float | None) -> int | None:
+    """A count from a gauge: a whole number within what a status holds, else none."""
+    if value is None or not math.isfinite(value) or not 0 <= value <= 1_000_000:
+        return None
+    return int(value)
 
 
 def _set_figure(figures: dict[str, Any], name: str, value: float) -> None:

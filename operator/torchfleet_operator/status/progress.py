@@ -44,8 +44,10 @@ MFU = contract.METRIC_MFU
 # loop was blocked saving.
 CHECKPOINT_SAVE_SECONDS_SUM = contract.METRIC_CHECKPOINT_SAVE_SECONDS + "_sum"
 PHASE_STARTED = node_health.PHASE_STARTED
+IN_PLACE_RESTARTS = node_health.IN_PLACE_RESTARTS
 WANTED = {
     PHASE_STARTED,
+    IN_PLACE_RESTARTS,
     STEP,
     TOTAL_STEPS,
     LOSS,
@@ -154,7 +156,8 @@ def scrape_from_metrics(
     count, seconds = gauges.get(STEP_SECONDS_COUNT), gauges.get(STEP_SECONDS_SUM)
     step_seconds = seconds / count if count and seconds and count > 0 and seconds > 0 else None
     started = gauges.get(PHASE_STARTED)
-    health = node_health.health_from_samples(labelled, started, step_seconds)
+    restarts = gauges.get(IN_PLACE_RESTARTS)
+    health = node_health.health_from_samples(labelled, started, step_seconds, restarts)
     return progress, checkpoint, health
 
 

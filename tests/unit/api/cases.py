@@ -204,6 +204,20 @@ def elastic(min_nodes: int, max_nodes: int, workers: int, **fields: Any) -> Mani
 
 # spec.elastic: bounds, the desired size, and layouts that cannot follow every size.
 ELASTIC_CASES: tuple[Invalid, ...] = (
+    _case(
+        "in-place-elastic",
+        "spec.runPolicy.inPlaceRestarts",
+        elastic(1, 3, 2),
+        nested("runPolicy.inPlaceRestarts", 2),
+        says="elastic.maxRestarts",
+    ),
+    _case(
+        "in-place-own-command",
+        "spec.runPolicy.inPlaceRestarts",
+        nested("runPolicy.inPlaceRestarts", 2),
+        {"command": ["torchrun", "train.py"]},
+        says="built-in trainer",
+    ),
     _case("elastic-min-zero", "spec.elastic.minNodes", elastic(0, 4, 3)),
     _case("elastic-min-above-max", "spec.elastic.minNodes", elastic(3, 2, 1), says="maxNodes"),
     _case("elastic-max-beyond-workers", "spec.elastic.maxNodes", elastic(1, 4097, 3)),

@@ -1,0 +1,74 @@
+"""The in-place restart policy: the gang's processes restarted without new pods. Pure.
+
+Under ``runPolicy.inPlaceRestarts: N`` each pod's launcher restarts its own
+processes after a retryable failure and the gang meets again in a new
+rendezvous round (trainer launch.py); the operator is told through the master's
+``/metrics`` (how many this gang has had, and why the last one happened) and
+stays the judge: each one counts toward ``backoffLimit`` exactly as a gang
+restart for the same failure would (the launchers apply the same exit-code
+rule, which the operator gives them), and past it the job fails. When the
+launchers' budget is spent, or a pod or node is lost, the pods end and the
+failure policy restarts the gang as before.
+
+``status.inPlaceRestarts`` persists what was seen (the total over every gang,
+the current gang's count), so an operator restart neither loses nor counts one
+twice; ``status.restarts`` adds them to ``restartCount`` for ``kubectl get``.
+"""
+
+from __future__ import annotations
+
+from torchfleet_operator.api import constants as c
+from torchfleet_operator.api import reasons as r
+from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
+from torchfleet_operator.planning import Pass
+from torchfleet_operator.policy import failure, reporting
+
+
+def record(step: Pass, spec: TrainingJobSpec) -> bool:
+    """Counts the in-place restarts the current gang reports; True when they
+    passed backoffLimit (the pass then fails the job)."""
+    restart = int(step.status.get("restartCount") or 0)
+    shown = step.status.get("inPlaceRestarts")
+    shown = dict(shown) if isinstance(shown, dict) else {}
+    if shown.get("gang") != restart:  # a new gang's launchers count from 0
+        shown |= {"gang": restart, "inGang": 0}
+    reported = _reported(step)
+    seen = int(shown.get("inGang") or 0)
+    if reported is None or reported <= seen:
+        if shown.get("total"):
+            step.status["inPlaceRestarts"] = shown
+        return False
+    added = reported - seen
+    health = step.observed.health
+    reason = health.in_place_reason if health is not None else None
+    shown |= {
+        "total": int(shown.get("total") or 0) + added,
+        "inGang": reported,
+        "lastTime": step.stamp,
+        **({"lastReason": reason} if reason else {}),
+    }
+    step.status["inPlaceRestarts"] = shown
+    counted = failure.counted_restarts(step.status, restart) + added
+    step.status["countedRestarts"] = counted
+    limit = spec.run_policy.backoff_limit
+    message = (
+        f"the gang's processes restarted in place ({reported} of runPolicy.inPlaceRestarts "
+        f"{spec.run_policy.in_place_restarts} in gang {restart}; {counted} counted restarts "
+        f"of backoffLimit {limit})" + (f": {reason}" if reason else "")
+    )
+    step.event("Warning", r.EVENT_IN_PLACE_RESTART, message)
+    step.plan.in_place_restarts += [reason or "unknown"] * added
+    if counted <= limit:
+        return False
+    step.finish(c.PHASE_FAILED, r.REASON_BACKOFF_LIMIT_EXCEEDED, message)
+    return True
+
+
+def _reported(step: Pass) -> int | None:
+    """The current gang's count from a scrape status.progress shows (this gang's)."""
+    health = step.observed.health
+    if health is None or health.in_place_restarts is None:
+        return None
+    if step.old_status.get("phase") != c.PHASE_RUNNING:
+        return None
+    return health.in_place_restarts if reporting.scrape_is_shown(step) else None
