@@ -35,18 +35,20 @@ def pod_processes(pod_uid: str) -> list[PodProcess]:
     return found
 
 
+# Processes that serve a training process rather than train: the pod's init,
+# Python's multiprocessing resource tracker, torchfleet-train's log copier.
+HELPERS = ("podinit.py", "resource_tracker", "torchfleet_trainer.logtee")
+
+
 def rank_processes(pod_uid: str) -> list[PodProcess]:
-    """The training processes themselves: the leaves of the pod's process tree,
-    leaving out the pod's init and Python's helper processes."""
-    processes = pod_processes(pod_uid)
-    parents = {p.ppid for p in processes}
-    return [
-        p
-        for p in processes
-        if p.pid not in parents
-        and "podinit.py" not in p.cmdline
-        and "resource_tracker" not in p.cmdline
+    """The training processes themselves: the leaves of the pod's process tree
+    once the helpers are left out (a rank whose only child is its log copier is
+    still a leaf)."""
+    processes = [
+        p for p in pod_processes(pod_uid) if not any(h in p.cmdline for h in HELPERS)
     ]
+    parents = {p.ppid for p in processes}
+    return [p for p in processes if p.pid not in parents]
 
 
 def kill(process: PodProcess, signal_number: int) -> None:

@@ -46,7 +46,8 @@ def _pod_env(socket_interface: str, rank: int, port: int) -> dict[str, str]:
     }
     spec = TrainingJob.model_validate(body).spec
     pod = build_pod("gloo", "team", "uid-1", spec, rank, 0, "img:1")
-    env = {item["name"]: item["value"] for item in pod["spec"]["containers"][0]["env"]}
+    # By value only: the node name comes from the downward API, resolved on a node.
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"] if "value" in e}
     # The master pod's DNS name does not resolve here; everything else is as rendered.
     return env | {contract.MASTER_ADDR: "127.0.0.1", contract.MASTER_PORT: str(port)}
 
