@@ -18,7 +18,14 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.test_training import corpus_namespace, get_job, load_example, pod_uid, wait_job
+from tests.e2e.test_training import (
+    corpus_namespace,
+    events,
+    get_job,
+    load_example,
+    pod_uid,
+    wait_job,
+)
 from tests.fixtures.e2e import NodeAgent, apply_objects
 
 from nodeagent import procs  # isort: skip  (dev/ is put on the path by the fixtures)
@@ -27,7 +34,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.timeout(900)]
 
 NAME = "in-place"
 PODS = (f"{NAME}-master-0", f"{NAME}-worker-0", f"{NAME}-worker-1")
-STEPS = 150
+# Enough steps after the first checkpoint (50) for the kill, the new round and a
+# scrape of its count (every 2 s) before the run ends: a step takes about 20 ms.
+STEPS = 300
 
 
 def in_place_shakespeare() -> dict[str, Any]:
@@ -56,10 +65,14 @@ def test_a_killed_rank_is_restarted_in_place_without_new_pods(
 ):
     with corpus_namespace(cluster, node_agent, e2e_operator, "e2e-in-place") as namespace:
         apply_objects(cluster, namespace, in_place_shakespeare())
+        # From the trainer's log, faster than any scrape: the run takes seconds.
         job_driver.wait_for(
             "a checkpoint to resume from",
-            lambda: (get_job(cluster, namespace, NAME).get("status") or {}).get("lastCheckpoint"),
+            lambda: any(
+                events(log, "checkpoint") for log in node_agent.logs(namespace, PODS[0], "trainer")
+            ),
             timeout=300,
+            interval=0.05,
         )
         uids = {pod: pod_uid(cluster, namespace, pod) for pod in PODS}
         victim = training_process(uids[PODS[2]])
@@ -77,6 +90,9 @@ def test_a_killed_rank_is_restarted_in_place_without_new_pods(
         job = wait_job(cluster, namespace, NAME, {"Succeeded", "Failed"}, timeout=540)
         logs = node_agent.claim_dir(namespace, f"{NAME}-checkpoint") / "logs" / "gen-0"
         first_round = (logs / "round-0" / f"rank-{rank}.log").read_text(errors="replace")
+        rank_zero = (logs / "round-0" / "rank-0.log").read_text(errors="replace")
+        second_round = sorted(p.name for p in (logs / "round-1").iterdir())
+        victim_node = job_driver.get_core(namespace, "pods", PODS[2])["spec"]["nodeName"]
         uids_after = {pod: pod_uid_after(job_driver, namespace, pod) for pod in PODS}
 
     status = job["status"]
@@ -88,8 +104,13 @@ def test_a_killed_rank_is_restarted_in_place_without_new_pods(
     assert status["restartCount"] == 0 and status["countedRestarts"] == 1, status
     assert status["restarts"] == 1, status
     assert uids_after == uids
-    # The killed rank's first-round output outlived its process.
-    assert '"event":"step"' in first_round, first_round[-500:]
+    # Every rank's output of each round is on the volume, the killed one's included
+    # (only rank 0 logs the steps), and the second round has a file per rank.
+    assert first_round.startswith(
+        f"=== torchfleet-train rank {rank}, generation 0, round 0, node {victim_node}"
+    ), first_round[:300]
+    assert '"event":"step"' in rank_zero, rank_zero[-500:]
+    assert second_round == ["rank-0.log", "rank-1.log", "rank-2.log"], second_round
     print(f"\nin-place e2e: kill -> counted in status after {seen_after:.1f}s")
 
 
