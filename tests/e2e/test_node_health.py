@@ -1,13 +1,22 @@
-"""A really slow node and a really exhausted memory limit, under the node agent.
+"""Recovery under the node agent, for real: a killed rank restarted in place, a
+really slow node named and left, a really exhausted memory limit.
 
-A fixed 1 + 2 Shakespeare job (one process per pod, spread over the agent's two
-nodes) trains with ``runPolicy.stragglers: {windows: 2, action: Replace}``. Once
-it has a checkpoint, the node that holds one worker alone is throttled to a
-tenth of its CPU quota (the agent's ``torchfleet.dev/cpu-throttle``: the CFS
-quota a kubelet would set, standing in for a throttled GPU). The trainer's
-per-node compute time singles it out, the operator's Straggler condition names
-it within the windows, and the gang restarts away from it as a disruption: no
-pod of the next gang lands there, and the job succeeds.
+One fixed 1 + 2 Shakespeare job (one process per pod, spread over the agent's
+two nodes), ``runPolicy.inPlaceRestarts: 1`` and
+``runPolicy.stragglers: {windows: 2, action: Replace}``, goes through both:
+
+1. After its first checkpoint a worker's training process is SIGKILLed. Every
+   pod's launcher restarts its process and the gang meets again in a new
+   rendezvous round, resuming from the checkpoint: the operator counts it from
+   the master's /metrics (status.inPlaceRestarts, toward backoffLimit) and
+   never touches the pods (same uids, restartCount 0). Every rank's output of
+   each round is kept on the checkpoint volume.
+2. Then the node that holds one worker alone is throttled to a tenth of its CPU
+   quota (the agent's ``torchfleet.dev/cpu-throttle``: the CFS quota a kubelet
+   would set, standing in for a throttled GPU). The trainer's per-node compute
+   time singles it out, the Straggler condition names it within the windows,
+   and the gang restarts away from it as a disruption: no pod of the next gang
+   lands there, and the job succeeds.
 
 A second job's rank allocates past its memory limit on its first gang: the
 kernel OOM-kills it (exit 137, OOMKilled), and restartPolicy ExitCode retries
@@ -17,7 +26,9 @@ it as the signal it is.
 from __future__ import annotations
 
 import json
+import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,12 +42,17 @@ from tests.fixtures.e2e import (
     throttled_node,
 )
 
+from nodeagent import procs  # isort: skip  (dev/ is put on the path by the fixtures)
+
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.timeout(900)]
 
 NAME = "straggler"
 THROTTLE = 0.1
 WINDOWS = 2
-STEPS = 300  # about 6 s unthrottled: the throttle lands well before the end
+# About 8 s unthrottled: the kill, the in-place round (20-30 s here, during which
+# nothing steps), its scrape (the gang is near step 150 by then) and the throttle
+# all land well before the end.
+STEPS = 400
 
 
 def spread_shakespeare() -> dict[str, Any]:
@@ -47,7 +63,10 @@ def spread_shakespeare() -> dict[str, Any]:
     spec = job["spec"]
     spec["processesPerNode"] = 1
     spec["worker"]["replicas"] = 2
-    spec["runPolicy"]["stragglers"] = {"threshold": 1.3, "windows": WINDOWS, "action": "Replace"}
+    spec["runPolicy"] |= {
+        "inPlaceRestarts": 1,
+        "stragglers": {"threshold": 1.3, "windows": WINDOWS, "action": "Replace"},
+    }
     trainer = spec["trainer"]
     trainer["training"] |= {"steps": STEPS, "globalBatchSize": 12}
     trainer["parallel"]["dataParallelReplicate"] = 3
@@ -85,10 +104,48 @@ def master_steps(agent: NodeAgent, namespace: str) -> list[dict[str, Any]]:
     ]
 
 
-def test_a_throttled_node_is_named_and_the_gang_moves_off_it(
+def training_process(agent_pod_uid: str) -> procs.PodProcess:
+    (worker,) = [
+        p for p in procs.pod_processes(agent_pod_uid) if "torchfleet_trainer.worker" in p.cmdline
+    ]
+    return worker
+
+
+def rank_of(process: procs.PodProcess) -> str:
+    """A process's global rank (the rendezvous round numbers the ranks)."""
+    environ = Path(f"/proc/{process.pid}/environ").read_bytes().split(b"\0")
+    return next(v.split(b"=", 1)[1].decode() for v in environ if v.startswith(b"RANK="))
+
+
+def pod_uids(cluster: Any, namespace: str) -> dict[str, str]:
+    pods = cluster.get_json("pods", "-n", namespace)["items"]
+    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
+
+
+def restart_in_place(
+    cluster: Any, agent: NodeAgent, job_driver: Any, namespace: str, pod: str
+) -> tuple[dict[str, Any], str]:
+    """Kills ``pod``'s training process; (the status that counts the in-place
+    restart, the killed rank)."""
+    uids = pod_uids(cluster, namespace)
+    victim = training_process(uids[pod])
+    rank = rank_of(victim)
+    procs.kill(victim, signal.SIGKILL)
+    status = job_driver.wait_for(
+        "the in-place restart in status",
+        lambda: (s := get_job(cluster, namespace, NAME)["status"]).get("inPlaceRestarts") and s,
+        timeout=120,
+    )
+    # No gang restart: the same pods, none new.
+    assert pod_uids(cluster, namespace) == uids
+    return status, rank
+
+
+def test_a_killed_rank_restarts_in_place_then_a_throttled_node_is_left(
     cluster, node_agent, e2e_operator, job_driver
 ):
-    with corpus_namespace(cluster, node_agent, e2e_operator, "e2e-straggler") as namespace:
+    master = f"{NAME}-master-0"
+    with corpus_namespace(cluster, node_agent, e2e_operator, "e2e-recovery") as namespace:
         apply_objects(cluster, namespace, spread_shakespeare())
         placed = job_driver.wait_for(
             "the gang spread 2 + 1 over the agent's nodes",
@@ -104,12 +161,24 @@ def test_a_throttled_node_is_named_and_the_gang_moves_off_it(
         job_driver.wait_for(
             "a checkpoint to resume from",
             lambda: any(
-                events(log, "checkpoint")
-                for log in node_agent.logs(namespace, f"{NAME}-master-0", "trainer")
+                events(log, "checkpoint") for log in node_agent.logs(namespace, master, "trainer")
             ),
             timeout=300,
             interval=0.05,
         )
+
+        # 1. A rank killed: restarted in place.
+        killed_at = time.time()
+        in_place, killed_rank = restart_in_place(
+            cluster, node_agent, job_driver, namespace, f"{NAME}-worker-1"
+        )
+        counted_after = time.time() - killed_at
+        logs = node_agent.claim_dir(namespace, f"{NAME}-checkpoint") / "logs" / "gen-0"
+        killed_log = (logs / "round-0" / f"rank-{killed_rank}.log").read_text(errors="replace")
+        rank_zero_log = (logs / "round-0" / "rank-0.log").read_text(errors="replace")
+        second_round = sorted(p.name for p in (logs / "round-1").iterdir())
+
+        # 2. A node throttled: named and left.
         before = master_steps(node_agent, namespace)
         with throttled_node(cluster, slow_node, THROTTLE):
             throttled_at = time.time()
@@ -130,6 +199,17 @@ def test_a_throttled_node_is_named_and_the_gang_moves_off_it(
             after = pods_by_node_wait(job_driver, cluster, namespace)
         job = wait_job(cluster, namespace, NAME, {"Succeeded", "Failed"}, timeout=540)
 
+    counted = in_place["inPlaceRestarts"]
+    assert counted["total"] == 1 and counted["inGang"] == 1, counted
+    assert counted["lastReason"] == "worker_killed", counted
+    assert in_place["restartCount"] == 0 and in_place["countedRestarts"] == 1, in_place
+    assert in_place["restarts"] == 1, in_place
+    # Every rank's output of each round is on the volume, the killed one's included
+    # (only rank 0 logs the steps), and the second round has a file per rank.
+    assert killed_log.startswith(f"=== torchfleet-train rank {killed_rank}, generation 0, round 0")
+    assert '"event":"step"' in rank_zero_log, rank_zero_log[-500:]
+    assert second_round == ["rank-0.log", "rank-1.log", "rank-2.log"], second_round
+
     straggler = condition(named, "Straggler")
     assert straggler["status"] == "True" and straggler["reason"] == "SlowNode", straggler
     assert f"node {slow_node} computes" in straggler["message"], straggler
@@ -137,7 +217,8 @@ def test_a_throttled_node_is_named_and_the_gang_moves_off_it(
     assert status["phase"] == "Succeeded", status
     assert status["health"]["avoidedNodes"] == [slow_node]
     # The node's fault, not the program's: a disruption, not counted.
-    assert restarted["disruptions"] == 1 and restarted["countedRestarts"] == 0, restarted
+    assert restarted["disruptions"] == 1 and restarted["countedRestarts"] == 1, restarted
+    assert status["restarts"] == 2, status  # one gang restart, one in place
     assert slow_node not in after, after
     # What the straggler cost: the gang's step time before and under the throttle.
     steps = master_steps(node_agent, namespace)
@@ -146,12 +227,13 @@ def test_a_throttled_node_is_named_and_the_gang_moves_off_it(
         e["step_seconds"] for e in steps if throttled_at < e["time"] < throttled_at + detected_after
     ]
     print(
-        "\nstraggler e2e: "
+        "\nrecovery e2e: "
         + json.dumps(
             {
-                "node": slow_node,
+                "in_place_counted_after_s": round(counted_after, 1),
+                "slow_node": slow_node,
                 "throttle": THROTTLE,
-                "condition_after_s": round(detected_after, 1),
+                "straggler_condition_after_s": round(detected_after, 1),
                 "step_s_before": fast,
                 "step_s_throttled": slow,
                 "windows": WINDOWS,
