@@ -130,6 +130,7 @@ def test_dashboard_shows_training_figures_goodput_restarts_and_phases(helm: Helm
         assert series in series_by_title[title], title
     # An elastic job's lost worker is replaced alone: shown beside the restarts.
     assert "torchfleet_operator_elastic_replacements_total" in series_by_title["Gang restarts"]
+    assert "torchfleet_operator_in_place_restarts_total" in series_by_title["Gang restarts"]
     assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
 
 
