@@ -292,9 +292,11 @@ class Controller:
             health=self.progress.health.get(key),
             saved_checkpoint=self.pod_informer.index.saved.get(key),
             kueue=self._kueue_view(key, body, uid),
-            pod_group=next(
+            # Kubernetes' gang has a PodGroup per generation: the newest counts.
+            pod_group=max(
                 (g for g in self.caches.pod_groups.get(key) or () if g.owner_uid in (uid, None)),
-                None,
+                key=lambda g: g.generation,
+                default=None,
             ),
         )
         return Snapshot(body=body, observed=observed)
