@@ -98,7 +98,8 @@ operator makes (operator/torchfleet_operator/handlers.py and kube.py):
 - podgroups: created for gang scheduling with scheduler-plugins, Volcano or
   kube-scheduler's own (scheduling.k8s.io), and watched (by label) so the
   job's status mirrors the gang's placement. With scheduling.k8s.io the job's
-  gang Workload is also created (never read back, so create only).
+  gang Workload is also created, and listed by name when a create answers 409
+  (is it this job's?); it is never watched.
 - workloads (Kueue): a queued job's Workload is created and watched; its
   status is server-side applied to clear an evicted job's reservation and to
   mark a finished job's Workload Finished.
@@ -130,7 +131,7 @@ operator makes (operator/torchfleet_operator/handlers.py and kube.py):
 {{- if has "scheduling.k8s.io" .Values.rbac.podGroupAPIGroups }}
 - apiGroups: ["scheduling.k8s.io"]
   resources: ["workloads"]
-  verbs: ["create"]
+  verbs: ["list", "create"]
 {{- end }}
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]

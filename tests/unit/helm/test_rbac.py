@@ -36,9 +36,10 @@ PODGROUP_GRANTS = {
     group: _grants(group, resources=("podgroups",), verbs="list watch create")
     for group in ("scheduling.x-k8s.io", "scheduling.volcano.sh", "scheduling.k8s.io")
 }
-# Kubernetes' own gang: the job's Workload is created, never read back.
+# Kubernetes' own gang: the job's Workload is created, and listed by name
+# when a create answers 409 (the executor's ownership check); never watched.
 PODGROUP_GRANTS["scheduling.k8s.io"] |= _grants(
-    "scheduling.k8s.io", resources=("workloads",), verbs="create"
+    "scheduling.k8s.io", resources=("workloads",), verbs="list create"
 )
 # Cluster-scoped, in both modes: the operator watches nodes (a NotReady node
 # loses its pods) and kopf watches CRDs (TrainingJob's coming and going).
