@@ -8,6 +8,7 @@ scale), and the planner takes them as plain data. Pure: no client imports.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -351,6 +352,16 @@ class ObservedPodGroup:
 
 def _group_text(value: Any) -> str | None:
     return value[:_POD_GROUP_TEXT_CHARS] if isinstance(value, str) and value else None
+
+
+def current_pod_group(groups: Iterable[ObservedPodGroup], job_uid: str) -> ObservedPodGroup | None:
+    """The job's PodGroup: one it controls (or that names no controller), and
+    of Kubernetes' groups, one per gang generation, the newest."""
+    return max(
+        (g for g in groups if g.owner_uid in (job_uid, None)),
+        key=lambda g: g.generation,
+        default=None,
+    )
 
 
 def _native_scheduled(conditions: Any) -> dict[str, Any] | None:

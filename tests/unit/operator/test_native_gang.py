@@ -11,7 +11,7 @@ import pytest
 from torchfleet_operator.api.v1alpha1 import TrainingJob
 from torchfleet_operator.build import podgroup
 from torchfleet_operator.build.pods import build_pod
-from torchfleet_operator.observed import ObservedPod, ObservedPodGroup
+from torchfleet_operator.observed import ObservedPod, ObservedPodGroup, current_pod_group
 from torchfleet_operator.reconcile import plan
 from torchfleet_operator.status.conditions import find
 from torchfleet_operator.status.podgroup import mirror
@@ -231,3 +231,21 @@ def test_an_unserved_api_group_is_named_in_the_jobs_condition():
     condition = find(status["conditions"], "ChildrenRejected")
     assert condition["reason"] == "PodGroupCRDMissing"
     assert "scheduling.k8s.io/v1alpha2" in condition["message"]
+
+
+def observed_group(generation: int, owner: str | None = "uid-1") -> ObservedPodGroup:
+    return ObservedPodGroup(kind="Kubernetes", generation=generation, owner_uid=owner)
+
+
+@pytest.mark.parametrize(
+    ("groups", "expected"),
+    [
+        ([], None),
+        ([observed_group(0), observed_group(2), observed_group(1)], observed_group(2)),
+        # a newer group of another job of the same name is not this job's
+        ([observed_group(0), observed_group(3, owner="uid-old")], observed_group(0)),
+        ([ObservedPodGroup(kind="Volcano", owner_uid=None)], ObservedPodGroup(kind="Volcano")),
+    ],
+)
+def test_the_newest_generations_group_is_the_jobs(groups, expected):
+    assert current_pod_group(groups, "uid-1") == expected
