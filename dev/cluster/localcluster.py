@@ -61,6 +61,9 @@ COMPONENTS = (
 # dev/cluster/NAME.py, whose class NAME.capitalize() takes this cluster.
 ADDONS = ("kueue",)
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+# Alpha gates for Kubernetes' own gang scheduling (KEP-4671), on every
+# component that reads them; GangScheduling depends on GenericWorkload.
+NATIVE_GANG_GATES = "--feature-gates=GenericWorkload=true,GangScheduling=true"
 
 
 @dataclass(frozen=True)
@@ -251,6 +254,12 @@ class LocalCluster:
             "--audit-log-format=json",
             "--audit-log-maxsize=200",
             "--audit-log-maxbackup=2",
+            # Kubernetes' own gang scheduling (alpha in 1.36): the Workload and
+            # PodGroup objects of scheduling.k8s.io/v1alpha2 and the pods'
+            # spec.schedulingGroup field. Pods without a schedulingGroup are
+            # scheduled as before.
+            NATIVE_GANG_GATES,
+            "--runtime-config=scheduling.k8s.io/v1alpha2=true",
             "--v=1",
         ]
 
@@ -274,11 +283,19 @@ class LocalCluster:
             # lifecycle, service accounts, endpoints, taint eviction, ...
             "--controllers=*",
             "--node-monitor-grace-period=20s",
+            NATIVE_GANG_GATES,
             "--v=1",
         ]
 
     def _scheduler_args(self) -> list[str]:
-        return [*self._component_auth_args(), f"--secure-port={self.ports.scheduler}", "--v=1"]
+        # With the gates on, the default profile enables the GangScheduling
+        # plugin (pkg/scheduler/apis/config/v1/default_plugins.go).
+        return [
+            *self._component_auth_args(),
+            f"--secure-port={self.ports.scheduler}",
+            NATIVE_GANG_GATES,
+            "--v=1",
+        ]
 
     def _kwok_args(self) -> list[str]:
         stages = sorted(str(p) for p in (HERE / "stages").glob("*.yaml"))

@@ -27,7 +27,13 @@ from torchfleet_operator.informer import PodInformer
 from torchfleet_operator.kube import ExecutionResult, Executor, RawApi
 from torchfleet_operator.leader import LeaderElector
 from torchfleet_operator.metrics import JobKey
-from torchfleet_operator.observed import KueueView, Observed, ObservedNode, ObservedPod
+from torchfleet_operator.observed import (
+    KueueView,
+    Observed,
+    ObservedNode,
+    ObservedPod,
+    current_pod_group,
+)
 from torchfleet_operator.planning import Plan
 from torchfleet_operator.reconcile import plan
 from torchfleet_operator.scraper import ProgressPoller
@@ -292,10 +298,7 @@ class Controller:
             health=self.progress.health.get(key),
             saved_checkpoint=self.pod_informer.index.saved.get(key),
             kueue=self._kueue_view(key, body, uid),
-            pod_group=next(
-                (g for g in self.caches.pod_groups.get(key) or () if g.owner_uid in (uid, None)),
-                None,
-            ),
+            pod_group=current_pod_group(self.caches.pod_groups.get(key) or (), uid),
         )
         return Snapshot(body=body, observed=observed)
 

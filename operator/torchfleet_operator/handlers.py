@@ -18,6 +18,7 @@ import kopf
 
 from torchfleet_operator.api.constants import GROUP, PLURAL, VERSION
 from torchfleet_operator.build.labels import JOB_NAME_LABEL
+from torchfleet_operator.build.podgroup import NATIVE_API
 from torchfleet_operator.controller import Controller, cached_job
 from torchfleet_operator.metrics import JobKey
 from torchfleet_operator.observed import Flavor, ObservedNode, ObservedPodGroup, ObservedWorkload
@@ -26,6 +27,7 @@ CHILD = {JOB_NAME_LABEL: kopf.PRESENT}
 # Kueue's API. Its CRDs may be absent: kopf serves these handlers once they
 # appear (it watches CRDs), and until then the jobs that need Kueue wait.
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta1"
+NATIVE_GROUP, NATIVE_VERSION = NATIVE_API.split("/")
 WORKLOAD_CRD = f"workloads.{KUEUE_GROUP}"
 
 
@@ -76,7 +78,9 @@ async def start(
     caches.claims = indices["tf_claims"]
     caches.workloads, caches.flavors = indices["tf_workloads"], indices["tf_flavors"]
     caches.priorities, caches.kueue_crds = indices["tf_priorities"], indices["tf_kueue_crd"]
-    caches.pod_groups = _Both(indices["tf_coscheduling_groups"], indices["tf_volcano_groups"])
+    caches.pod_groups = _Both(
+        indices["tf_coscheduling_groups"], indices["tf_volcano_groups"], indices["tf_native_groups"]
+    )
     controller.start()
 
 
@@ -162,8 +166,15 @@ async def tf_volcano_groups(namespace: str | None, labels: kopf.Labels, **kw: An
     return _pod_group_entry(namespace, labels, kw["body"])
 
 
+# Kubernetes' own (scheduling.k8s.io/v1alpha2): kopf finds it only where the
+# API server serves that alpha group (feature gate GenericWorkload).
+@kopf.index(NATIVE_GROUP, NATIVE_VERSION, "podgroups", labels=CHILD)
+async def tf_native_groups(namespace: str | None, labels: kopf.Labels, **kw: Any) -> Any:
+    return _pod_group_entry(namespace, labels, kw["body"])
+
+
 class _Both(Mapping[Any, list[Any]]):
-    """Two indices read as one: a job's PodGroups of either kind."""
+    """Indices read as one: a job's PodGroups of any kind."""
 
     def __init__(self, *indices: Mapping[Any, Any]) -> None:
         self._indices = indices
@@ -231,6 +242,13 @@ async def coscheduling_group_changed(
 
 @kopf.on.event("scheduling.volcano.sh", "v1beta1", "podgroups", labels=CHILD)
 async def volcano_group_changed(
+    namespace: str | None, labels: kopf.Labels, memo: Any, **_: Any
+) -> None:
+    _controller(memo).enqueue(_key(namespace, labels[JOB_NAME_LABEL]))
+
+
+@kopf.on.event(NATIVE_GROUP, NATIVE_VERSION, "podgroups", labels=CHILD)
+async def native_group_changed(
     namespace: str | None, labels: kopf.Labels, memo: Any, **_: Any
 ) -> None:
     _controller(memo).enqueue(_key(namespace, labels[JOB_NAME_LABEL]))

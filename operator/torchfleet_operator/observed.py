@@ -8,6 +8,7 @@ scale), and the planner takes them as plain data. Pure: no client imports.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -295,7 +296,13 @@ class ObservedNode:
 
 # ---- gang scheduling: the job's PodGroup ----
 
-KIND_OF_GROUP = {"scheduling.x-k8s.io": "Coscheduling", "scheduling.volcano.sh": "Volcano"}
+KIND_OF_GROUP = {
+    "scheduling.x-k8s.io": "Coscheduling",
+    "scheduling.volcano.sh": "Volcano",
+    "scheduling.k8s.io": "Kubernetes",
+}
+# kube-scheduler's verdict on a whole gang (scheduling.k8s.io/v1alpha2).
+NATIVE_SCHEDULED_CONDITION = "PodGroupScheduled"
 _POD_GROUP_TEXT_CHARS = 1024
 
 
@@ -303,11 +310,17 @@ _POD_GROUP_TEXT_CHARS = 1024
 class ObservedPodGroup:
     """What the operator reads of its PodGroup."""
 
-    kind: str  # Coscheduling | Volcano
+    kind: str  # Coscheduling | Volcano | Kubernetes
+    # Kubernetes' PodGroup has no phase: its PodGroupScheduled condition's
+    # reason (Scheduled, Unschedulable, SchedulerError) stands in for one.
     phase: str | None = None
     queue: str | None = None
-    unschedulable: str | None = None  # Volcano's Unschedulable condition: "reason: message"
+    # The scheduler's refusal, "reason: message": Volcano's Unschedulable
+    # condition, or Kubernetes' PodGroupScheduled=False.
+    unschedulable: str | None = None
     owner_uid: str | None = None
+    # Kubernetes: the gang generation the group is for (one group per generation).
+    generation: int = 0
 
     @classmethod
     def from_manifest(cls, group: dict[str, Any]) -> ObservedPodGroup | None:
@@ -318,11 +331,18 @@ class ObservedPodGroup:
             return None
         meta = group.get("metadata") or {}
         status = group.get("status") or {}
+        conditions = status.get("conditions")
+        native = kind == "Kubernetes"
+        scheduled = _native_scheduled(conditions) if native else None
+        generation = _int_label(meta.get("labels") or {}, RESTART_LABEL)
         return cls(
             kind=kind,
-            phase=_group_text(status.get("phase")),
+            phase=_group_text(scheduled.get("reason") if scheduled else status.get("phase")),
             queue=_group_text((group.get("spec") or {}).get("queue")),
-            unschedulable=_group_unschedulable(status.get("conditions")),
+            unschedulable=_native_refusal(scheduled)
+            if native
+            else _group_unschedulable(conditions),
+            generation=generation if generation and generation > 0 else 0,
             owner_uid=next(
                 (r.get("uid") for r in meta.get("ownerReferences") or () if r.get("controller")),
                 None,
@@ -332,6 +352,34 @@ class ObservedPodGroup:
 
 def _group_text(value: Any) -> str | None:
     return value[:_POD_GROUP_TEXT_CHARS] if isinstance(value, str) and value else None
+
+
+def current_pod_group(groups: Iterable[ObservedPodGroup], job_uid: str) -> ObservedPodGroup | None:
+    """The job's PodGroup: one it controls (or that names no controller), and
+    of Kubernetes' groups, one per gang generation, the newest."""
+    return max(
+        (g for g in groups if g.owner_uid in (job_uid, None)),
+        key=lambda g: g.generation,
+        default=None,
+    )
+
+
+def _native_scheduled(conditions: Any) -> dict[str, Any] | None:
+    return next(
+        (
+            c
+            for c in (conditions if isinstance(conditions, list) else ())
+            if isinstance(c, dict) and c.get("type") == NATIVE_SCHEDULED_CONDITION
+        ),
+        None,
+    )
+
+
+def _native_refusal(condition: dict[str, Any] | None) -> str | None:
+    if condition is None or condition.get("status") != "False":
+        return None
+    parts = [_group_text(condition.get("reason")), _group_text(condition.get("message"))]
+    return ": ".join(p for p in parts if p) or NATIVE_SCHEDULED_CONDITION
 
 
 def _group_unschedulable(conditions: Any) -> str | None:

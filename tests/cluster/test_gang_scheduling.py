@@ -19,9 +19,17 @@ from tests.fixtures.gang import BLOCK_LABEL, GPU, SCHEDULER_NAME, GangPool, need
 from torchfleet_operator.status.conditions import find
 
 GANG_KINDS = ["Coscheduling", "Volcano"]
+# kube-scheduler's own gang scheduling (1.36 alpha: feature gates GenericWorkload
+# and GangScheduling, which the local cluster turns on). Run only where the
+# two core gang tests need it: each kind adds its own seconds to `make test`.
+NATIVE = "Kubernetes"
+WITH_NATIVE = [*GANG_KINDS, NATIVE]
+SCHEDULER = {**SCHEDULER_NAME, NATIVE: "default-scheduler"}
 PODGROUP_PATH = {
     "Coscheduling": "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{ns}/podgroups/{name}",
     "Volcano": "/apis/scheduling.volcano.sh/v1beta1/namespaces/{ns}/podgroups/{name}",
+    # One group per gang generation: {name} is the job's and its restart count.
+    NATIVE: "/apis/scheduling.k8s.io/v1alpha2/namespaces/{ns}/podgroups/{name}-gen-0",
 }
 
 
@@ -101,6 +109,25 @@ def wait_gang_placed(
     return pods
 
 
+def native_refusal_mirrored(job_driver: Any, namespace: str, name: str) -> dict[str, Any] | None:
+    """kube-scheduler's PodGroupScheduled=False, once the job's GangScheduled
+    condition carries its reason and words."""
+    path = PODGROUP_PATH[NATIVE].format(ns=namespace, name=name)
+    group = job_driver.raw.request("GET", path)
+    said = find((group.get("status") or {}).get("conditions"), "PodGroupScheduled")
+    condition = gang_condition(job_driver, namespace, name)
+    if not said or said["status"] != "False" or not condition:
+        return None
+    mirrored = condition["reason"] == f"PodGroup{said['reason']}"
+    return said if mirrored and said["message"] in condition["message"] else None
+
+
+def need_scheduler(gang_schedulers: set[str], kind: str) -> None:
+    """kube-scheduler's own gang scheduling runs wherever the cluster runs."""
+    if kind != NATIVE:
+        need(gang_schedulers, kind)
+
+
 def start_blockers(cluster: Any, job_driver: Any, pool: GangPool, namespace: str, count: int):
     names = [f"blocker-{i}" for i in range(count)]
     for name in names:
@@ -137,11 +164,11 @@ def scheduled_by(job_driver: Any, namespace: str, pod: dict[str, Any]) -> set[st
 # ---- 1. all or nothing ------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", GANG_KINDS)
+@pytest.mark.parametrize("kind", WITH_NATIVE)
 def test_gang_binds_no_pod_until_all_fit_then_all_together(
     kind, gang_schedulers, shared_operator, job_driver, cluster, namespace, gang_pool
 ):
-    need(gang_schedulers, kind)
+    need_scheduler(gang_schedulers, kind)
     blockers = start_blockers(cluster, job_driver, gang_pool, namespace, 2)
     job_driver.create(namespace, "gang", gang_spec(gang_pool, kind))
 
@@ -150,16 +177,26 @@ def test_gang_binds_no_pod_until_all_fit_then_all_together(
     assert "0 of 3 pods placed" in condition["message"], condition
     assert kind in condition["message"], condition
     group = job_driver.raw.request("GET", PODGROUP_PATH[kind].format(ns=namespace, name="gang"))
-    assert group["spec"]["minMember"] == 3
-    assert group["spec"]["minResources"][GPU] == "24"
-    assert group.get("status", {}).get("phase") not in ("Running", "Scheduled")
+    if kind == NATIVE:
+        # No minResources: kube-scheduler tries the whole gang on the nodes at
+        # once, and says why it refused in the group's PodGroupScheduled.
+        assert group["spec"]["schedulingPolicy"] == {"gang": {"minCount": 3}}
+        said = job_driver.wait_for(
+            "the group's refusal in the job's condition",
+            lambda: native_refusal_mirrored(job_driver, namespace, "gang"),
+        )
+        assert said["reason"] == "Unschedulable", said
+    else:
+        assert group["spec"]["minMember"] == 3
+        assert group["spec"]["minResources"][GPU] == "24"
+        assert group.get("status", {}).get("phase") not in ("Running", "Scheduled")
 
     for blocker in blockers:
         job_driver.succeed_pod(namespace, blocker)
     pods = wait_gang_placed(job_driver, namespace, "gang")
     assert len({p["spec"]["nodeName"] for p in pods}) == 3
     for pod in pods:
-        assert scheduled_by(job_driver, namespace, pod) == {SCHEDULER_NAME[kind]}
+        assert scheduled_by(job_driver, namespace, pod) == {SCHEDULER[kind]}
 
 
 # ---- 2. no deadlock between two gangs ---------------------------------------------
@@ -187,11 +224,11 @@ def test_default_scheduler_lets_two_gangs_each_hold_part(
     assert any(0 < count < 3 for count in placed.values())  # GPUs held by a broken gang
 
 
-@pytest.mark.parametrize("kind", GANG_KINDS)
+@pytest.mark.parametrize("kind", WITH_NATIVE)
 def test_gang_scheduler_runs_one_gang_whole_and_holds_the_other_back(
     kind, gang_schedulers, shared_operator, job_driver, cluster, namespace, gang_pool
 ):
-    need(gang_schedulers, kind)
+    need_scheduler(gang_schedulers, kind)
     for name in ("a", "b"):
         job_driver.create(namespace, name, gang_spec(gang_pool, kind))
 
@@ -221,11 +258,11 @@ def test_gang_scheduler_runs_one_gang_whole_and_holds_the_other_back(
 # ---- 3. a gang restart goes through the gang scheduler again ---------------------
 
 
-@pytest.mark.parametrize("kind", GANG_KINDS)
+@pytest.mark.parametrize("kind", WITH_NATIVE)
 def test_gang_restart_is_scheduled_as_a_whole_again(
     kind, gang_schedulers, shared_operator, job_driver, cluster, namespace, gang_pool
 ):
-    need(gang_schedulers, kind)
+    need_scheduler(gang_schedulers, kind)
     job_driver.create(namespace, "gang", gang_spec(gang_pool, kind))
     wait_gang_placed(job_driver, namespace, "gang")
     # The 4th node is taken while the gang restarts, so the next gang fits only
@@ -236,19 +273,25 @@ def test_gang_restart_is_scheduled_as_a_whole_again(
     pods = wait_gang_placed(job_driver, namespace, "gang", restart=1)
     assert job_driver.status(namespace, "gang")["restartCount"] == 1
     for pod in pods:
-        assert pod["spec"]["schedulerName"] == SCHEDULER_NAME[kind]
+        assert pod["spec"]["schedulerName"] == SCHEDULER[kind]
         reporters = scheduled_by(job_driver, namespace, pod)
-        assert reporters == {SCHEDULER_NAME[kind]}, reporters
+        assert reporters == {SCHEDULER[kind]}, reporters
+    if kind == NATIVE:  # the new generation's own group placed it
+        assert {p["spec"]["schedulingGroup"]["podGroupName"] for p in pods} == {"gang-gen-1"}
+        path = PODGROUP_PATH[kind].format(ns=namespace, name="gang").replace("gen-0", "gen-1")
+        group = job_driver.raw.request("GET", path)
+        said = find(group["status"]["conditions"], "PodGroupScheduled")
+        assert said["status"] == "True", group["status"]
 
 
 # ---- 3b. an elastic gang: minMember is minNodes -----------------------------------
 
 
-@pytest.mark.parametrize("kind", GANG_KINDS)
+@pytest.mark.parametrize("kind", WITH_NATIVE)
 def test_an_elastic_gang_starts_on_min_nodes_and_the_rest_join_when_room_appears(
     kind, gang_schedulers, shared_operator, job_driver, cluster, namespace, gang_pool
 ):
-    need(gang_schedulers, kind)
+    need_scheduler(gang_schedulers, kind)
     blockers = start_blockers(cluster, job_driver, gang_pool, namespace, 2)
     job = gang_spec(gang_pool, kind, nodes=4)
     job["elastic"] = {"minNodes": 2, "maxNodes": 4}
@@ -264,10 +307,13 @@ def test_an_elastic_gang_starts_on_min_nodes_and_the_rest_join_when_room_appears
 
     placed = job_driver.wait_for("two pods placed, two refused", two_placed_two_refused, 90)
     group = job_driver.raw.request("GET", PODGROUP_PATH[kind].format(ns=namespace, name="elastic"))
-    assert group["spec"]["minMember"] == 2
-    assert group["spec"]["minResources"][GPU] == "16"
+    if kind == NATIVE:
+        assert group["spec"]["schedulingPolicy"] == {"gang": {"minCount": 2}}
+    else:
+        assert group["spec"]["minMember"] == 2
+        assert group["spec"]["minResources"][GPU] == "16"
     for pod in placed:
-        assert scheduled_by(job_driver, namespace, pod) == {SCHEDULER_NAME[kind]}
+        assert scheduled_by(job_driver, namespace, pod) == {SCHEDULER[kind]}
 
     for blocker in blockers:
         job_driver.succeed_pod(namespace, blocker)

@@ -109,13 +109,18 @@ def test_operator_with_only_the_charts_service_account_runs_a_job_lifecycle(
         ("create", "leases.coordination.k8s.io", "-n", system),
     ):
         assert can_i(cluster, kubeconfig, *question), question
-    for group in ("scheduling.x-k8s.io", "scheduling.volcano.sh"):
+    for group in ("scheduling.x-k8s.io", "scheduling.volcano.sh", "scheduling.k8s.io"):
         # The PodGroup CRDs need not be installed, and then `kubectl auth can-i`
         # cannot map the name to a group (it asks about a group-less resource
         # and says no); a SelfSubjectAccessReview asks about the group itself.
         for verb in ("create", "list", "watch"):
             assert allowed(cluster, kubeconfig, verb, group, "podgroups", watched), (verb, group)
         assert not allowed(cluster, kubeconfig, "delete", group, "podgroups", watched), group
+    # Kubernetes' own gang: the job's Workload is created (and listed by name
+    # after a 409), never watched.
+    for verb in ("create", "list"):
+        assert allowed(cluster, kubeconfig, verb, "scheduling.k8s.io", "workloads", watched)
+    assert not allowed(cluster, kubeconfig, "watch", "scheduling.k8s.io", "workloads", watched)
     for question in (
         ("get", "secrets", "-n", watched),
         ("list", "secrets", "-n", system),

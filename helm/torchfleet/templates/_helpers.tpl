@@ -95,8 +95,11 @@ operator makes (operator/torchfleet_operator/handlers.py and kube.py):
 - pods: watched (by label) and created and deleted as a gang. Services and
   PVCs are only created: the garbage collector removes them with their job.
 - events: the operator posts core/v1 Events itself (kopf's posting is off).
-- podgroups: created for gang scheduling with scheduler-plugins or Volcano,
-  and watched (by label) so the job's status mirrors the gang's placement.
+- podgroups: created for gang scheduling with scheduler-plugins, Volcano or
+  kube-scheduler's own (scheduling.k8s.io), and watched (by label) so the
+  job's status mirrors the gang's placement. With scheduling.k8s.io the job's
+  gang Workload is also created, and listed by name when a create answers 409
+  (is it this job's?); it is never watched.
 - workloads (Kueue): a queued job's Workload is created and watched; its
   status is server-side applied to clear an evicted job's reservation and to
   mark a finished job's Workload Finished.
@@ -124,6 +127,11 @@ operator makes (operator/torchfleet_operator/handlers.py and kube.py):
 - apiGroups: [{{ . | quote }}]
   resources: ["podgroups"]
   verbs: ["list", "watch", "create"]
+{{- end }}
+{{- if has "scheduling.k8s.io" .Values.rbac.podGroupAPIGroups }}
+- apiGroups: ["scheduling.k8s.io"]
+  resources: ["workloads"]
+  verbs: ["list", "create"]
 {{- end }}
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]

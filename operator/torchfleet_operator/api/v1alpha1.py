@@ -605,11 +605,11 @@ class SchedulingSpec(ApiModel):
         "it here, e.g. scheduler-plugins-scheduler). A role template's "
         "spec.schedulerName must agree with it.",
     )
-    pod_group: Literal["None", "Coscheduling", "Volcano"] = Field(
+    pod_group: Literal["None", "Coscheduling", "Volcano", "Kubernetes"] = Field(
         "None",
         description="Gang scheduling: the PodGroup kind created for the job, with "
-        "minMember = every pod of the job. Coscheduling: scheduler-plugins' "
-        "scheduling.x-k8s.io PodGroup; Volcano: scheduling.volcano.sh PodGroup.",
+        "minMember = every pod. Coscheduling: scheduling.x-k8s.io; Volcano: "
+        "scheduling.volcano.sh; Kubernetes: kube-scheduler's own (scheduling.k8s.io/v1alpha2).",
     )
     schedule_timeout_seconds: int | None = Field(
         None,

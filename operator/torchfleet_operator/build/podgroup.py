@@ -1,10 +1,20 @@
-"""Gang scheduling: the PodGroup (scheduler-plugins or Volcano) and how pods join it.
+"""Gang scheduling: the PodGroup (scheduler-plugins, Volcano or kube-scheduler's
+own) and how pods join it.
 
 The PodGroup asks for the whole gang: ``minMember`` = every pod and
 ``minResources`` = the sum of every pod's requests (GPUs, RDMA, CPU, memory,
 sidecars included), so the gang scheduler can refuse a gang that cannot fit
 before it binds any pod of it. An elastic job's gang is its minNodes: it
 trains with that many, so the scheduler binds them without waiting for the rest.
+
+Kubernetes' own gang scheduling (1.36, scheduling.k8s.io/v1alpha2, alpha gates
+GenericWorkload and GangScheduling) has two objects: the job's Workload, whose
+one podGroupTemplate holds the gang policy (minCount), and a PodGroup made from
+that template, which is what kube-scheduler reads. The operator makes one
+PodGroup per gang generation (restart count), so a restarted gang is placed as
+a whole again by a group that has never seen the old pods; pods join it with
+spec.schedulingGroup.podGroupName. It has no minResources: kube-scheduler
+tries the whole gang on the nodes at once.
 """
 
 from __future__ import annotations
@@ -13,13 +23,16 @@ import re
 from fractions import Fraction
 from typing import Any
 
-from torchfleet_operator.api.constants import TRAINER_CONTAINER_NAME
+from torchfleet_operator.api.constants import GROUP, KIND, TRAINER_CONTAINER_NAME
 from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
 from torchfleet_operator.build import labels, names
 from torchfleet_operator.build.resources import container_resources
 
 COSCHEDULING_API = "scheduling.x-k8s.io/v1alpha1"
 VOLCANO_API = "scheduling.volcano.sh/v1beta1"
+NATIVE_API = "scheduling.k8s.io/v1alpha2"
+# The Workload's only podGroupTemplate: the whole gang.
+NATIVE_TEMPLATE = "gang"
 # How pods name their group, per scheduler.
 COSCHEDULING_POD_LABEL = "scheduling.x-k8s.io/pod-group"
 VOLCANO_POD_ANNOTATION = "scheduling.k8s.io/group-name"
@@ -33,10 +46,91 @@ def scheduler_name(spec: TrainingJobSpec) -> str | None:
     return spec.scheduling.resolved_scheduler_name
 
 
-def pod_group(job: str, namespace: str, uid: str, spec: TrainingJobSpec) -> dict[str, Any] | None:
+def gang_objects(
+    job: str, namespace: str, uid: str, spec: TrainingJobSpec, restart: int
+) -> list[dict[str, Any]]:
+    """What the scheduler needs before the gang's pods: none, a PodGroup, or
+    for Kubernetes the generation's PodGroup and the job's Workload. The
+    PodGroup comes first: when the API group is not served, its 404 is the
+    refusal the job's condition names (PodGroupCRDMissing)."""
     kind = spec.scheduling.pod_group
     if kind == "None":
+        return []
+    if kind == "Kubernetes":
+        return [
+            _native_pod_group(job, namespace, uid, spec, restart),
+            native_workload(job, namespace, uid, spec),
+        ]
+    return [pod_group(job, namespace, uid, spec)]
+
+
+def _metadata(name: str, job: str, namespace: str, uid: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": namespace,
+        "labels": labels.common_labels(job),
+        "ownerReferences": [labels.owner_reference(job, uid)],
+    }
+
+
+def native_workload(job: str, namespace: str, uid: str, spec: TrainingJobSpec) -> dict[str, Any]:
+    """The job's scheduling.k8s.io Workload: one gang template of min_members."""
+    return {
+        "apiVersion": NATIVE_API,
+        "kind": "Workload",
+        "metadata": _metadata(names.podgroup_name(job), job, namespace, uid),
+        "spec": {
+            "controllerRef": {"apiGroup": GROUP, "kind": KIND, "name": job},
+            "podGroupTemplates": [
+                {"name": NATIVE_TEMPLATE, "schedulingPolicy": _gang_policy(spec)}
+            ],
+        },
+    }
+
+
+def native_pod_group_name(job: str, restart: int) -> str:
+    """The PodGroup of gang generation ``restart`` (a DNS subdomain: the job's
+    name already is one, and fits in a pod's 63-character hostname)."""
+    return f"{names.podgroup_name(job)}-gen-{restart}"
+
+
+def _native_pod_group(
+    job: str, namespace: str, uid: str, spec: TrainingJobSpec, restart: int
+) -> dict[str, Any]:
+    return {
+        "apiVersion": NATIVE_API,
+        "kind": "PodGroup",
+        "metadata": {
+            **_metadata(native_pod_group_name(job, restart), job, namespace, uid),
+            # Which gang generation it holds: the operator reads the newest.
+            "labels": {**labels.common_labels(job), labels.RESTART_LABEL: str(restart)},
+        },
+        "spec": {
+            "podGroupTemplateRef": {
+                "workload": {
+                    "workloadName": names.podgroup_name(job),
+                    "podGroupTemplateName": NATIVE_TEMPLATE,
+                }
+            },
+            "schedulingPolicy": _gang_policy(spec),
+        },
+    }
+
+
+def _gang_policy(spec: TrainingJobSpec) -> dict[str, Any]:
+    return {"gang": {"minCount": min_members(spec)}}
+
+
+def scheduling_group(job: str, spec: TrainingJobSpec, restart: int) -> dict[str, str] | None:
+    """A pod's spec.schedulingGroup: Kubernetes' gang of this generation."""
+    if spec.scheduling.pod_group != "Kubernetes":
         return None
+    return {"podGroupName": native_pod_group_name(job, restart)}
+
+
+def pod_group(job: str, namespace: str, uid: str, spec: TrainingJobSpec) -> dict[str, Any]:
+    """The Coscheduling or Volcano PodGroup: one per job, every generation."""
+    kind = spec.scheduling.pod_group
     body: dict[str, Any] = {"minMember": min_members(spec)}
     min_resources = gang_requests(spec)
     if min_resources:
@@ -55,12 +149,7 @@ def pod_group(job: str, namespace: str, uid: str, spec: TrainingJobSpec) -> dict
     return {
         "apiVersion": api_version,
         "kind": "PodGroup",
-        "metadata": {
-            "name": names.podgroup_name(job),
-            "namespace": namespace,
-            "labels": labels.common_labels(job),
-            "ownerReferences": [labels.owner_reference(job, uid)],
-        },
+        "metadata": _metadata(names.podgroup_name(job), job, namespace, uid),
         "spec": body,
     }
 

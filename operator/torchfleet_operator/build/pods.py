@@ -276,6 +276,9 @@ def build_pod(
     pod_spec["restartPolicy"] = "Never"  # the operator restarts the whole gang
     pod_spec["hostname"] = name
     pod_spec["subdomain"] = names.service_name(job)
+    group = podgroup.scheduling_group(job, spec, restart)
+    if group:
+        pod_spec["schedulingGroup"] = group
 
     group_labels, group_annotations = podgroup.pod_membership(job, spec)
     # No kueue.x-k8s.io/queue-name on the pods: Kueue admits the job as one

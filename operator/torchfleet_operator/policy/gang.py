@@ -50,9 +50,10 @@ def create_missing(
     # The PodGroup is not watched (its CRD may not exist): it is posted with
     # every batch of pods that need it, and a 409 means it is there. So a group
     # deleted by hand is back before the next gang is scheduled.
-    group = podgroup.pod_group(step.name, step.namespace, step.uid, spec)
-    if group is not None and pods:
-        plan_create.append(group)
+    if pods:
+        plan_create.extend(
+            podgroup.gang_objects(step.name, step.namespace, step.uid, spec, restart)
+        )
     plan_create.extend(pods)
     # So does a refused service, claim or PodGroup, and the pods with it (they
     # depend on it).

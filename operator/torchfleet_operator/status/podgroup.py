@@ -1,10 +1,11 @@
 """The GangScheduled condition: the PodGroup's phase and its scheduler's reason.
 
-A gang scheduler (scheduler-plugins Coscheduling, Volcano) binds all pods of
-a gang or none. While it binds none, the job's status says so and why, in the
-scheduler's own words: Volcano's PodGroup ``Unschedulable`` condition, or the
-pods' ``PodScheduled`` message (what Coscheduling and Volcano write when they
-refuse a pod). Pure: the PodGroup comes in as an ``observed.ObservedPodGroup``.
+A gang scheduler (scheduler-plugins Coscheduling, Volcano, kube-scheduler's
+own GangScheduling) binds all pods of a gang or none. While it binds none, the
+job's status says so and why, in the scheduler's own words: Volcano's PodGroup
+``Unschedulable`` condition, Kubernetes' ``PodGroupScheduled=False``, or the
+pods' ``PodScheduled`` message (what each writes when it refuses a pod).
+Pure: the PodGroup comes in as an ``observed.ObservedPodGroup``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from torchfleet_operator.status import conditions as cond
 
 # scheduler-plugins' controller never leaves these once a gang ended (it stops
 # reconciling the group), so after a gang restart they describe the old pods.
-_STALE_COSCHEDULING_PHASES = ("Failed", "Finished")
+# Kubernetes' "Scheduled" with pods unplaced is the last generation's group,
+# seen before the new generation's group.
+_STALE_PHASES = {"Coscheduling": ("Failed", "Finished"), "Kubernetes": ("Scheduled",)}
 # Volcano: a Pending group has not been admitted from its queue (the queue's
 # capability or the cluster cannot hold its minResources); Inqueue: admitted,
 # waiting for nodes.
@@ -61,7 +64,7 @@ def _waiting(
     group: ObservedPodGroup, live: list[ObservedPod], placed: int, nodes: int
 ) -> tuple[str, str]:
     phase = group.phase
-    if group.kind == "Coscheduling" and phase in _STALE_COSCHEDULING_PHASES:
+    if phase in _STALE_PHASES.get(group.kind, ()):
         phase = None
     reason = f"PodGroup{phase}" if phase else r.REASON_GANG_WAITING
     message = f"{placed} of {nodes} pods placed; {group.kind} PodGroup phase {phase or 'unset'}"

@@ -65,7 +65,8 @@ def with_rejections(
         reason = r.REASON_POD_GROUP_CRD_MISSING
         message = (
             f"the PodGroup CRD for spec.scheduling.podGroup is not installed in this "
-            f"cluster ({message}); install the scheduler or set podGroup None"
+            f"cluster ({message}); install the scheduler (podGroup Kubernetes: serve "
+            f"scheduling.k8s.io/v1alpha2, feature gate GenericWorkload) or set podGroup None"
         )
     refusal = security.describe_refusal(message)
     if refusal is not None:

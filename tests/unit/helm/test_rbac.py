@@ -34,8 +34,13 @@ NAMESPACED_GRANTS = (
 )
 PODGROUP_GRANTS = {
     group: _grants(group, resources=("podgroups",), verbs="list watch create")
-    for group in ("scheduling.x-k8s.io", "scheduling.volcano.sh")
+    for group in ("scheduling.x-k8s.io", "scheduling.volcano.sh", "scheduling.k8s.io")
 }
+# Kubernetes' own gang: the job's Workload is created, and listed by name
+# when a create answers 409 (the executor's ownership check); never watched.
+PODGROUP_GRANTS["scheduling.k8s.io"] |= _grants(
+    "scheduling.k8s.io", resources=("workloads",), verbs="list create"
+)
 # Cluster-scoped, in both modes: the operator watches nodes (a NotReady node
 # loses its pods) and kopf watches CRDs (TrainingJob's coming and going).
 CLUSTER_GRANTS = (
@@ -191,6 +196,14 @@ def test_podgroup_access_follows_the_configured_scheduler_apis(helm: Helm) -> No
     objects = helm.template(set_values={"rbac.podGroupAPIGroups": ["scheduling.x-k8s.io"]})
     rules = find_object(objects, "ClusterRole")["rules"]
     assert {g for g, r, _ in grants_of(rules) if r == "podgroups"} == {"scheduling.x-k8s.io"}
+    assert ("scheduling.k8s.io", "workloads", "create") not in grants_of(rules)
+
+    # Kubernetes' own gang scheduling: its PodGroups and a create on Workloads.
+    objects = helm.template(set_values={"rbac.podGroupAPIGroups": ["scheduling.k8s.io"]})
+    rules = find_object(objects, "ClusterRole")["rules"]
+    native = {grant for grant in grants_of(rules) if grant[0] == "scheduling.k8s.io"}
+    native -= CLUSTER_GRANTS  # Kueue reads PriorityClasses of the same group
+    assert native == PODGROUP_GRANTS["scheduling.k8s.io"]
 
 
 def test_rbac_and_service_account_can_be_left_to_the_cluster_admin(helm: Helm) -> None:
