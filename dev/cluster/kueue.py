@@ -62,6 +62,8 @@ CONFIG_API = {
     "v0.10.6": "config.kueue.x-k8s.io/v1beta1",
     "v0.17.0": "config.kueue.x-k8s.io/v1beta2",
 }
+# Releases that read the metrics certificate from /etc/kueue/metrics/certs.
+METRICS_CERTS_FROM_ETC = {"v0.17.0"}
 WEBHOOK_CONFIG_NAMES = {
     "MutatingWebhookConfiguration": "kueue-mutating-webhook-configuration",
     "ValidatingWebhookConfiguration": "kueue-validating-webhook-configuration",
@@ -146,7 +148,7 @@ class Kueue:
             self._make_serving_cert()
             self._write_config()
             self.cluster.kubectl("apply", "-f", "-", stdin=json.dumps(_namespace()))
-            self.cluster._start(NAME, self._args())
+            self._launch()
             (self.root / "version").write_text(self.version)
             wait_for(self._ready, "kueue /readyz", 120)
         # Registered only once Kueue serves them: a webhook with failurePolicy
@@ -175,6 +177,44 @@ class Kueue:
         return marker.read_text().strip() if marker.exists() else None
 
     # ---- pieces ----------------------------------------------------------
+
+    def _launch(self) -> None:
+        if self.version not in METRICS_CERTS_FROM_ETC:
+            self.cluster._start(NAME, self._args())
+            return
+        # Kueue 0.17 without internal cert management reads its metrics
+        # server's certificate from the fixed path /etc/kueue/metrics/certs
+        # (cmd/kueue/main.go) and exits without it. Rather than write to the
+        # machine's /etc, Kueue runs in a mount namespace of its own where /etc
+        # is an overlay (on a private tmpfs) holding the serving certificate.
+        private = self.root / "private"
+        private.mkdir(exist_ok=True)
+        script = (
+            'set -e; p="$1"; certs="$2"; shift 2; '
+            'mount -t tmpfs tmpfs "$p"; mkdir "$p/upper" "$p/work"; '
+            'mount -t overlay overlay -o "lowerdir=/etc,upperdir=$p/upper,workdir=$p/work" /etc; '
+            "mkdir -p /etc/kueue/metrics/certs; "
+            'cp "$certs/tls.crt" "$certs/tls.key" /etc/kueue/metrics/certs/; '
+            'exec "$@"'
+        )
+        unshare = ["-m", "--propagation", "private"]
+        if os.geteuid() != 0:
+            unshare.append("--map-root-user")
+        self.cluster._start(
+            NAME,
+            [
+                *unshare,
+                "sh",
+                "-c",
+                script,
+                "kueue-in-namespace",
+                str(private),
+                str(self.certs),
+                str(self.cluster.bin / NAME),
+                *self._args(),
+            ],
+            program=shutil.which("unshare") or "unshare",
+        )
 
     def _args(self) -> list[str]:
         return [
