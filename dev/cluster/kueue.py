@@ -1,12 +1,17 @@
 """Kueue beside the local control plane: out of cluster, started on demand.
 
-Kueue (version pinned in ``kueue/versions.env``) is built from its Go module
-by ``kueue/build.sh``, which also copies its CRDs and webhook manifests from
+Kueue (default version pinned in ``kueue/versions.env``, another supported one
+by ``TORCHFLEET_KUEUE_VERSION`` or ``Kueue(version=...)``: each has a wrapper
+module in ``kueue/gomod/<version>/``) is built from its Go module by
+``kueue/build.sh``, which also copies its CRDs and webhook manifests from
 the same module into the cache. Here it runs as a local process against the
 local apiserver, as a real install would run in a pod:
 
 * its CRDs are applied from the module (server-side: the Workload CRD is
-  larger than client-side apply's annotation limit);
+  larger than client-side apply's annotation limit); where Kueue's own
+  kustomization converts a CRD's versions through its webhook (0.15+: v1beta1
+  <-> v1beta2 for Workload, ClusterQueue, LocalQueue, Cohort,
+  MultiKueueCluster), that conversion points at the local webhook server;
 * it serves its webhooks on 127.0.0.1 with a certificate signed by the
   cluster's CA; the Mutating/ValidatingWebhookConfigurations from the module
   are registered with ``clientConfig.url`` pointing there (no Service), and
@@ -46,7 +51,19 @@ KUEUE_GROUP = "kueue.x-k8s.io"
 EXTERNAL_FRAMEWORKS = ("TrainingJob.v1alpha1.torchfleet.dev",)
 # Off: the visibility API server binds a fixed port (8082) and needs an
 # APIService; MultiKueue and ProvisioningRequest checks need other clusters/APIs.
-FEATURE_GATES = "VisibilityOnDemand=false,MultiKueue=false,ProvisioningACC=false"
+# 0.17 has no ProvisioningACC gate (an unknown gate stops Kueue at start): it
+# checks for the ProvisioningRequest API instead.
+FEATURE_GATES = {
+    "v0.10.6": "VisibilityOnDemand=false,MultiKueue=false,ProvisioningACC=false",
+    "v0.17.0": "VisibilityOnDemand=false,MultiKueue=false",
+}
+# The Configuration API each release reads (0.17 reads v1beta1 too, converting).
+CONFIG_API = {
+    "v0.10.6": "config.kueue.x-k8s.io/v1beta1",
+    "v0.17.0": "config.kueue.x-k8s.io/v1beta2",
+}
+# Releases that read the metrics certificate from /etc/kueue/metrics/certs.
+METRICS_CERTS_FROM_ETC = {"v0.17.0"}
 WEBHOOK_CONFIG_NAMES = {
     "MutatingWebhookConfiguration": "kueue-mutating-webhook-configuration",
     "ValidatingWebhookConfiguration": "kueue-validating-webhook-configuration",
@@ -60,17 +77,45 @@ class KueuePorts:
     metrics: int = int(os.environ.get("TORCHFLEET_KUEUE_METRICS_PORT", "18080"))
 
 
-def build() -> Path:
-    """The cache folder with bin/kueue, crds/ and webhooks.yaml (built when missing)."""
+def pinned_version() -> str:
+    """TORCHFLEET_KUEUE_VERSION, else the default in kueue/versions.env."""
+    if os.environ.get("TORCHFLEET_KUEUE_VERSION"):
+        return os.environ["TORCHFLEET_KUEUE_VERSION"]
+    for line in (HERE / "kueue" / "versions.env").read_text().splitlines():
+        if line.startswith("KUEUE_VERSION="):
+            return line.split("=", 1)[1].strip()
+    raise RuntimeError("kueue/versions.env has no KUEUE_VERSION")
+
+
+def supported_versions() -> list[str]:
+    """The versions with a wrapper module, oldest first."""
+    found = [p.name for p in (HERE / "kueue" / "gomod").iterdir() if p.is_dir()]
+    return sorted(found, key=lambda v: tuple(int(x) for x in v.lstrip("v").split(".")))
+
+
+def build(version: str) -> Path:
+    """The cache folder with bin/kueue, crds/, webhooks.yaml and conversion/
+    for ``version`` (built when missing)."""
     out = subprocess.run(
-        [str(HERE / "kueue" / "build.sh")], check=True, stdout=subprocess.PIPE, text=True
+        [str(HERE / "kueue" / "build.sh")],
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "KUEUE_VERSION": version},
     )
     return Path(out.stdout.strip().splitlines()[-1])
 
 
 class Kueue:
-    def __init__(self, cluster: Any, ports: KueuePorts | None = None) -> None:
+    def __init__(
+        self, cluster: Any, ports: KueuePorts | None = None, version: str | None = None
+    ) -> None:
         self.cluster = cluster  # a localcluster.LocalCluster
+        self.version = version or pinned_version()
+        if self.version not in FEATURE_GATES:
+            raise ValueError(
+                f"Kueue {self.version} is not supported here (supported: {sorted(FEATURE_GATES)})"
+            )
         # localcluster's helpers, from the module object the cluster came from
         # (``__main__`` when run as a script, ``localcluster`` under pytest).
         self.lc: ModuleType = sys.modules[type(cluster).__module__]
@@ -84,26 +129,33 @@ class Kueue:
     def up(self) -> None:
         """Starts Kueue (or keeps a healthy one) against the running cluster."""
         log, wait_for = self.lc.log, self.lc.wait_for
-        built = build()
-        if self.healthy():
-            log("reusing the running kueue")
+        built = build(self.version)
+        if self.healthy() and self.running_version() == self.version:
+            log(f"reusing the running kueue {self.version}")
         else:
             self.down(quiet=True)
+            previous = self.running_version()
+            if previous and previous != self.version:
+                # Another release's objects (stored as v1beta2 by 0.15+) cannot
+                # be served by 0.10's CRDs: start from none.
+                self._remove_crds(built / "crds")
             self.root.mkdir(parents=True, exist_ok=True)
             link = self.cluster.bin / NAME
             link.unlink(missing_ok=True)
             link.symlink_to(built / "bin" / NAME)
             self._install_crds(built / "crds")
+            self._point_conversion(built / "conversion")
             self._make_serving_cert()
             self._write_config()
             self.cluster.kubectl("apply", "-f", "-", stdin=json.dumps(_namespace()))
-            self.cluster._start(NAME, self._args())
+            self._launch()
+            (self.root / "version").write_text(self.version)
             wait_for(self._ready, "kueue /readyz", 120)
         # Registered only once Kueue serves them: a webhook with failurePolicy
         # Fail and nobody behind it would refuse every Kueue object.
         self._register_webhooks(built / "webhooks.yaml")
         wait_for(self._webhooks_answer, "kueue webhooks answering through the apiserver", 60)
-        log(f"kueue ready (webhook 127.0.0.1:{self.ports.webhook})")
+        log(f"kueue {self.version} ready (webhook 127.0.0.1:{self.ports.webhook})")
 
     def down(self, quiet: bool = False) -> None:
         pid = self.cluster._pid(NAME)
@@ -120,13 +172,55 @@ class Kueue:
     def healthy(self) -> bool:
         return self.cluster._pid(NAME) is not None and self._ready()
 
+    def running_version(self) -> str | None:
+        marker = self.root / "version"
+        return marker.read_text().strip() if marker.exists() else None
+
     # ---- pieces ----------------------------------------------------------
+
+    def _launch(self) -> None:
+        if self.version not in METRICS_CERTS_FROM_ETC:
+            self.cluster._start(NAME, self._args())
+            return
+        # Kueue 0.17 without internal cert management reads its metrics
+        # server's certificate from the fixed path /etc/kueue/metrics/certs
+        # (cmd/kueue/main.go) and exits without it. Rather than write to the
+        # machine's /etc, Kueue runs in a mount namespace of its own where /etc
+        # is an overlay (on a private tmpfs) holding the serving certificate.
+        private = self.root / "private"
+        private.mkdir(exist_ok=True)
+        script = (
+            'set -e; p="$1"; certs="$2"; shift 2; '
+            'mount -t tmpfs tmpfs "$p"; mkdir "$p/upper" "$p/work"; '
+            'mount -t overlay overlay -o "lowerdir=/etc,upperdir=$p/upper,workdir=$p/work" /etc; '
+            "mkdir -p /etc/kueue/metrics/certs; "
+            'cp "$certs/tls.crt" "$certs/tls.key" /etc/kueue/metrics/certs/; '
+            'exec "$@"'
+        )
+        unshare = ["-m", "--propagation", "private"]
+        if os.geteuid() != 0:
+            unshare.append("--map-root-user")
+        self.cluster._start(
+            NAME,
+            [
+                *unshare,
+                "sh",
+                "-c",
+                script,
+                "kueue-in-namespace",
+                str(private),
+                str(self.certs),
+                str(self.cluster.bin / NAME),
+                *self._args(),
+            ],
+            program=shutil.which("unshare") or "unshare",
+        )
 
     def _args(self) -> list[str]:
         return [
             f"--config={self.config_file}",
             f"--kubeconfig={self.cluster.kubeconfig}",
-            f"--feature-gates={FEATURE_GATES}",
+            f"--feature-gates={FEATURE_GATES[self.version]}",
             "--zap-log-level=2",
         ]
 
@@ -148,6 +242,39 @@ class Kueue:
 
         self.lc.wait_for(established, "kueue CRDs Established", 60)
 
+    def _remove_crds(self, crds: Path) -> None:
+        names = [f.stem.split("_", 1)[1] + "." + KUEUE_GROUP for f in sorted(crds.glob("*.yaml"))]
+        self.cluster.kubectl("delete", "crd", *names, "--ignore-not-found", "--wait=true")
+
+    def _point_conversion(self, patches: Path) -> None:
+        """The CRDs Kueue converts between versions call the local webhook
+        server (Kueue's manifests name an in-cluster Service)."""
+        ca = base64.b64encode((self.cluster.pki / "ca.crt").read_bytes()).decode()
+        for patch in sorted(patches.glob("webhook_in_*.yaml")):
+            crd = json_documents(
+                self.cluster.kubectl("create", "--dry-run=client", "-o", "json", "-f", str(patch))
+            )[0]
+            webhook = crd["spec"]["conversion"]["webhook"]
+            path = (webhook["clientConfig"].get("service") or {}).get("path", "/convert")
+            conversion = {
+                "strategy": "Webhook",
+                "webhook": {
+                    "clientConfig": {
+                        "url": f"https://127.0.0.1:{self.ports.webhook}{path}",
+                        "caBundle": ca,
+                    },
+                    "conversionReviewVersions": webhook["conversionReviewVersions"],
+                },
+            }
+            self.cluster.kubectl(
+                "patch",
+                "crd",
+                crd["metadata"]["name"],
+                "--type=merge",
+                "-p",
+                json.dumps({"spec": {"conversion": conversion}}),
+            )
+
     def _make_serving_cert(self) -> None:
         self.certs.mkdir(parents=True, exist_ok=True)
         pki = self.cluster.pki
@@ -163,7 +290,7 @@ class Kueue:
 
     def _write_config(self) -> None:
         config = {
-            "apiVersion": "config.kueue.x-k8s.io/v1beta1",
+            "apiVersion": CONFIG_API[self.version],
             "kind": "Configuration",
             "namespace": NAMESPACE,
             "health": {"healthProbeBindAddress": f"127.0.0.1:{self.ports.health}"},

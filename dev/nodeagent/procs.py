@@ -44,9 +44,7 @@ def rank_processes(pod_uid: str) -> list[PodProcess]:
     """The training processes themselves: the leaves of the pod's process tree
     once the helpers are left out (a rank whose only child is its log copier is
     still a leaf)."""
-    processes = [
-        p for p in pod_processes(pod_uid) if not any(h in p.cmdline for h in HELPERS)
-    ]
+    processes = [p for p in pod_processes(pod_uid) if not any(h in p.cmdline for h in HELPERS)]
     parents = {p.ppid for p in processes}
     return [p for p in processes if p.pid not in parents]
 

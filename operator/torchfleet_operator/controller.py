@@ -22,6 +22,7 @@ from typing import Any
 
 from torchfleet_operator import metrics
 from torchfleet_operator.build.names import checkpoint_claim_name
+from torchfleet_operator.build.workload import KUEUE_API, WORKLOAD_CRD
 from torchfleet_operator.config import OperatorConfig
 from torchfleet_operator.informer import PodInformer
 from torchfleet_operator.kube import ExecutionResult, Executor, RawApi
@@ -314,8 +315,10 @@ class Controller:
         )
         priority_class = ((body.get("spec") or {}).get("scheduling") or {}).get("priorityClassName")
         priority = _first(caches.priorities.get(priority_class)) if priority_class else None
+        api_version = _first(caches.kueue_crds.get(WORKLOAD_CRD))
         return KueueView(
             installed=bool(caches.kueue_crds),
+            api_version=api_version if isinstance(api_version, str) else KUEUE_API,
             workload=workload,
             flavors={name: _first(caches.flavors.get(name)) for name in caches.flavors},
             priority=priority if isinstance(priority, int) else None,

@@ -19,6 +19,12 @@ import kopf
 from torchfleet_operator.api.constants import GROUP, PLURAL, VERSION
 from torchfleet_operator.build.labels import JOB_NAME_LABEL
 from torchfleet_operator.build.podgroup import NATIVE_API
+from torchfleet_operator.build.workload import (
+    KUEUE_GROUP,
+    WORKLOAD_CRD,
+    preferred_api_version,
+    served_versions,
+)
 from torchfleet_operator.controller import Controller, cached_job
 from torchfleet_operator.metrics import JobKey
 from torchfleet_operator.observed import Flavor, ObservedNode, ObservedPodGroup, ObservedWorkload
@@ -26,9 +32,10 @@ from torchfleet_operator.observed import Flavor, ObservedNode, ObservedPodGroup,
 CHILD = {JOB_NAME_LABEL: kopf.PRESENT}
 # Kueue's API. Its CRDs may be absent: kopf serves these handlers once they
 # appear (it watches CRDs), and until then the jobs that need Kueue wait.
-KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta1"
 NATIVE_GROUP, NATIVE_VERSION = NATIVE_API.split("/")
-WORKLOAD_CRD = f"workloads.{KUEUE_GROUP}"
+# Kueue's objects are watched in the version the cluster prefers (no version in
+# the selector: kopf takes the preferred one from discovery): v1beta1 on Kueue
+# 0.10, v1beta2 on 0.15+. The Workloads it writes use the same (tf_kueue_crd).
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -122,14 +129,14 @@ async def tf_claims(namespace: str | None, name: str, **_: Any) -> dict[Any, Any
 # Kueue: the jobs' Workloads, the ResourceFlavors and PriorityClasses they name.
 
 
-@kopf.index(KUEUE_GROUP, KUEUE_VERSION, "workloads", labels=CHILD)
+@kopf.index(KUEUE_GROUP, "workloads", labels=CHILD)
 async def tf_workloads(
     namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> Any:
     return {(namespace, labels[JOB_NAME_LABEL]): ObservedWorkload(dict(body))}
 
 
-@kopf.index(KUEUE_GROUP, KUEUE_VERSION, "resourceflavors")
+@kopf.index(KUEUE_GROUP, "resourceflavors")
 async def tf_flavors(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     return {name: Flavor.from_manifest(dict(body))}
 
@@ -145,7 +152,11 @@ async def tf_kueue_crd(name: str, body: kopf.Body, **_: Any) -> Any:
         c.get("type") == "Established" and c.get("status") == "True"
         for c in (body.get("status") or {}).get("conditions") or ()
     )
-    return {name: True} if name == WORKLOAD_CRD and established else None
+    if name != WORKLOAD_CRD or not established:
+        return None
+    # Discovery of the Workload API version: the most preferred one served.
+    api_version = preferred_api_version(served_versions(dict(body)))
+    return {name: api_version} if api_version else None
 
 
 # PodGroups of either gang scheduler. kopf watches a resource only while its
@@ -219,7 +230,7 @@ async def service_changed(namespace: str | None, labels: kopf.Labels, memo: Any,
     _controller(memo).enqueue(_key(namespace, labels[JOB_NAME_LABEL]))
 
 
-@kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, "workloads", labels=CHILD)
+@kopf.on.event(KUEUE_GROUP, "workloads", labels=CHILD)
 async def workload_changed(namespace: str | None, labels: kopf.Labels, memo: Any, **_: Any) -> None:
     _controller(memo).enqueue(_key(namespace, labels[JOB_NAME_LABEL]))
 

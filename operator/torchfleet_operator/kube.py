@@ -383,7 +383,8 @@ class Executor:
     def _patch_workload(self, namespace: str, patch: WorkloadPatch) -> ApiFailure | None:
         """Kueue's Workload: its status by server-side apply under the patch's field
         manager (as Kueue's own controllers write it), else a merge patch."""
-        path = f"{collection_path('kueue.x-k8s.io/v1beta1', 'Workload', namespace)}/{patch.name}"
+        # The patch carries the apiVersion of the Workload it was built from.
+        path = f"{collection_path(patch.body['apiVersion'], 'Workload', namespace)}/{patch.name}"
         try:
             if patch.field_manager:
                 self.raw.request(

@@ -16,6 +16,7 @@ from typing import Any
 from torchfleet_operator.api import reasons as r
 from torchfleet_operator.api.constants import TRAINER_CONTAINER_NAME
 from torchfleet_operator.build.labels import NODE_RANK_LABEL, RESTART_LABEL, ROLE_LABEL
+from torchfleet_operator.build.workload import KUEUE_API
 from torchfleet_operator.status.node_health import GangHealth
 from torchfleet_trainer import contract
 
@@ -475,6 +476,7 @@ class KueueView:
     """Everything about Kueue one pass needs (observed.Observed.kueue)."""
 
     installed: bool = True  # Kueue's Workload CRD is served
+    api_version: str = KUEUE_API  # the Workload apiVersion it prefers (discovered)
     workload: ObservedWorkload | None = None
     flavors: dict[str, Flavor] = field(default_factory=dict)  # ResourceFlavors by name
     priority: int | None = None  # value of the job's PriorityClass, when known

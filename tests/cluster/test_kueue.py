@@ -44,6 +44,15 @@ def test_quota_admits_two_of_three_and_the_third_runs_when_the_first_finishes(
                 for w in workloads(job_driver, namespace)
             ),
         )
+    # The operator created them in the version this Kueue prefers (discovered at
+    # start): the apiserver records the version each writer of the spec used.
+    written_in = {
+        entry["apiVersion"]
+        for w in workloads(job_driver, namespace)
+        for entry in w["metadata"]["managedFields"]
+        if entry.get("subresource") != "status"
+    }
+    assert written_in == {kueue}
     for name in ("first", "second"):
         job_driver.wait_running_pods(namespace, name, 1)
         job_driver.wait_phase(namespace, name, "Running")

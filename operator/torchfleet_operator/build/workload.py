@@ -8,7 +8,13 @@ carries the pods' real scheduling inputs (resource requests, nodeSelector,
 tolerations, affinity), from the same builder that makes the pods. An elastic
 job's worker PodSet has a minCount, so that Kueue may admit it partially
 (fewer workers, never below minNodes) when the queue has no room for all.
-The Workload is built once: a spec changed while the job waits suspended is
+The API version is the one the installed Kueue prefers (``preferred_api_version``
+over the served versions of its Workload CRD, read at start): Kueue 0.10 serves
+only v1beta1; 0.15+ serve v1beta1 and v1beta2 and store v1beta2. The one field
+of ours that differs between them is the priority class: v1beta1's
+``priorityClassName`` + ``priorityClassSource`` became v1beta2's
+``priorityClassRef`` (group, kind, name). PodSets, admission and podSetAssignments
+keep their shapes. The Workload is built once: a spec changed while the job waits suspended is
 not carried into it (jobframework would replace a Workload that no longer
 matches; not done here yet).
 """
@@ -23,12 +29,18 @@ from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
 from torchfleet_operator.build import labels, names
 from torchfleet_operator.build.pods import build_pod
 
-KUEUE_API = "kueue.x-k8s.io/v1beta1"
+KUEUE_GROUP = "kueue.x-k8s.io"
+WORKLOAD_CRD = f"workloads.{KUEUE_GROUP}"
+# The Workload API versions this builder writes, most preferred first.
+SUPPORTED_VERSIONS = ("v1beta2", "v1beta1")
+# Before discovery has answered (and Kueue 0.10, the oldest supported).
+KUEUE_API = f"{KUEUE_GROUP}/v1beta1"
 WORKLOAD_KIND = "Workload"
 WORKLOAD_PLURAL = "workloads"
 # Kueue labels a Workload with its job's uid (jobframework's JobUIDLabel).
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
-PRIORITY_CLASS_SOURCE = "scheduling.k8s.io/priorityclass"
+PRIORITY_CLASS_SOURCE = "scheduling.k8s.io/priorityclass"  # v1beta1
+PRIORITY_CLASS_REF = {"group": "scheduling.k8s.io", "kind": "PriorityClass"}  # v1beta2
 # Pod spec fields Kueue reads from a PodSet template: requests (containers,
 # init containers, overhead) and where the pods may go (flavor matching).
 _SCHEDULING_FIELDS = (
@@ -41,6 +53,26 @@ _SCHEDULING_FIELDS = (
     "schedulerName",
 )
 _CONTAINER_FIELDS = ("name", "image", "resources", "restartPolicy")
+
+
+def preferred_api_version(served: list[str]) -> str | None:
+    """The Workload apiVersion to use, given the versions Kueue's Workload CRD
+    serves: the most preferred one this builder knows (None: none of them).
+    It is the version the apiserver's discovery prefers as well (beta2 over
+    beta1), which is the one the operator's version-less watches receive."""
+    for version in SUPPORTED_VERSIONS:
+        if version in served:
+            return f"{KUEUE_GROUP}/{version}"
+    return None
+
+
+def served_versions(crd: dict[str, Any]) -> list[str]:
+    """The served versions of a CustomResourceDefinition manifest."""
+    return [
+        str(v.get("name"))
+        for v in (crd.get("spec") or {}).get("versions") or []
+        if isinstance(v, dict) and v.get("served")
+    ]
 
 
 def workload_name(job: str, uid: str) -> str:
@@ -107,19 +139,24 @@ def workload(
     queue: str,
     priority: int | None,
     image: str,
+    api_version: str = KUEUE_API,
 ) -> dict[str, Any]:
-    """The Workload manifest; ``priority`` is the value of the job's PriorityClass."""
+    """The Workload manifest in ``api_version``; ``priority`` is the value of
+    the job's PriorityClass."""
     body: dict[str, Any] = {
         "queueName": queue,
         "podSets": pod_sets(job, namespace, uid, spec, image),
     }
-    if spec.scheduling.priority_class_name:
-        body["priorityClassName"] = spec.scheduling.priority_class_name
+    priority_class = spec.scheduling.priority_class_name
+    if priority_class and api_version == KUEUE_API:
+        body["priorityClassName"] = priority_class
         body["priorityClassSource"] = PRIORITY_CLASS_SOURCE
+    elif priority_class:
+        body["priorityClassRef"] = {**PRIORITY_CLASS_REF, "name": priority_class}
     # Kueue's webhook requires a priority with a class; without one it is 0.
     body["priority"] = priority or 0
     return {
-        "apiVersion": KUEUE_API,
+        "apiVersion": api_version,
         "kind": WORKLOAD_KIND,
         "metadata": {
             "name": workload_name(job, uid),

@@ -30,6 +30,7 @@ from typing import Any
 from torchfleet_operator.api import reasons as r
 from torchfleet_operator.api.constants import KUEUE_QUEUE_LABEL
 from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
+from torchfleet_operator.build.workload import KUEUE_API
 from torchfleet_operator.observed import Flavor, ObservedWorkload
 
 # The field manager Kueue writes admission with; a server-side apply under it
@@ -171,7 +172,7 @@ def mirrored_conditions(workload: ObservedWorkload | None) -> list[tuple[str, bo
 def kueue_missing_message(queue: str) -> str:
     return (
         f"the job is queued for Kueue (LocalQueue {queue!r}) but this cluster does not serve "
-        "Kueue's Workload API (kueue.x-k8s.io/v1beta1): install Kueue, or remove "
+        "Kueue's Workload API (kueue.x-k8s.io v1beta1 or v1beta2): install Kueue, or remove "
         "spec.scheduling.queueName and the kueue.x-k8s.io/queue-name label"
     )
 
@@ -194,7 +195,7 @@ def _condition(
 def _apply_base(workload: ObservedWorkload) -> dict[str, Any]:
     meta = workload.metadata
     return {
-        "apiVersion": workload.manifest.get("apiVersion", "kueue.x-k8s.io/v1beta1"),
+        "apiVersion": workload.manifest.get("apiVersion", KUEUE_API),
         "kind": "Workload",
         "metadata": {
             "name": meta.get("name"),

@@ -44,7 +44,14 @@ def gate(
         if workload is None:
             step.plan.create.append(
                 workload_builder.workload(
-                    step.name, step.namespace, step.uid, spec, queue, view.priority, image
+                    step.name,
+                    step.namespace,
+                    step.uid,
+                    spec,
+                    queue,
+                    view.priority,
+                    image,
+                    view.api_version,
                 )
             )
         _mirror(step, None)

@@ -159,6 +159,58 @@ def test_one_pod_set_per_role_with_the_pods_real_requests(workers, expected):
         assert "env" not in container  # only what Kueue reads
 
 
+def test_v1beta2_names_the_priority_class_by_reference():
+    spec = spec_of(job(workers=2, **GPU_JOB))
+    v2 = "kueue.x-k8s.io/v1beta2"
+    body = wl.workload("llm", "team", "uid-1", spec, "team-a", 1000, "img", v2)
+    assert body["apiVersion"] == "kueue.x-k8s.io/v1beta2"
+    assert body["spec"]["priorityClassRef"] == {
+        "group": "scheduling.k8s.io",
+        "kind": "PriorityClass",
+        "name": "high",
+    }
+    assert "priorityClassName" not in body["spec"]
+    assert "priorityClassSource" not in body["spec"]
+    assert body["spec"]["priority"] == 1000
+    # PodSets keep their v1beta1 shape.
+    v1 = wl.workload("llm", "team", "uid-1", spec, "team-a", 1000, "img")
+    assert body["spec"]["podSets"] == v1["spec"]["podSets"]
+
+
+@pytest.mark.parametrize(
+    ("served", "expected"),
+    [
+        (["v1beta1"], "kueue.x-k8s.io/v1beta1"),  # Kueue 0.10
+        (["v1beta1", "v1beta2"], "kueue.x-k8s.io/v1beta2"),  # Kueue 0.15+
+        (["v1beta2"], "kueue.x-k8s.io/v1beta2"),
+        (["v1alpha1", "v1"], None),  # none this operator writes
+        ([], None),
+    ],
+)
+def test_the_preferred_workload_version_among_the_served(served, expected):
+    assert wl.preferred_api_version(served) == expected
+
+
+def test_served_versions_skip_the_unserved():
+    crd = {
+        "spec": {
+            "versions": [
+                {"name": "v1beta1", "served": False},
+                {"name": "v1beta2", "served": True, "storage": True},
+            ]
+        }
+    }
+    assert wl.served_versions(crd) == ["v1beta2"]
+    assert wl.preferred_api_version(wl.served_versions(crd)) == "kueue.x-k8s.io/v1beta2"
+
+
+def test_a_queued_job_asks_in_the_discovered_version():
+    view = KueueView(api_version="kueue.x-k8s.io/v1beta2")
+    p = plan(job(**QUEUED), observed(kueue=view), at(0), CONFIG, status={})
+    (created,) = [m for m in p.create if m["kind"] == "Workload"]
+    assert created["apiVersion"] == "kueue.x-k8s.io/v1beta2"
+
+
 def test_no_priority_class_means_priority_zero():
     spec = spec_of(job(scheduling={"queueName": "q"}))
     body = wl.workload("llm", "team", "uid-1", spec, "q", None, "img")
