@@ -195,6 +195,7 @@ def test_status_from_the_models_is_stored_and_printed(
         ),
         nodes_ready="3/4",
         restart_count=2,
+        restarts=2,  # the Restarts column: gang plus in-place restarts
         progress=ProgressStatus(step=420, total_steps=1000, percent=42, loss=1.93),
         observed_generation=1,
     )

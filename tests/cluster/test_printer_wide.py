@@ -72,6 +72,7 @@ def test_wide_columns_show_loss_throughput_mfu_and_goodput(
         "phase": "Running",
         "nodesReady": "4/4",
         "restartCount": 1,
+        "restarts": 1,  # what the Restarts column shows: gang plus in-place restarts
         "progress": progress,
         "lastCheckpoint": {"step": checkpoint},
         "timeAccounting": account,
