@@ -15,7 +15,7 @@ makes goes through one place.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from torchfleet_operator.api import constants as c
@@ -27,6 +27,7 @@ from torchfleet_operator.status import conditions as cond
 from torchfleet_operator.status import goodput
 from torchfleet_operator.status import progress as progress_status
 from torchfleet_operator.status.counts import total_restarts
+from torchfleet_trainer import contract
 
 FINISHED = (c.PHASE_SUCCEEDED, c.PHASE_FAILED)
 # Status keys the time accounting writes.
@@ -249,6 +250,7 @@ class Pass:
             phase_now=new.get("phase"),
             gang_ended=ending and not holding,
             holding=holding,
+            in_place=None if ending else self._in_place_round(),
             progress=progress,
             checkpoint_step=checkpoint,
             now=self.now,
@@ -264,6 +266,29 @@ class Pass:
         else:
             new["goodput"] = fraction
 
+    def _in_place_round(self) -> goodput.InPlaceRound | None:
+        """The round an in-place restart seen in this pass ended: the old round's
+        last progress, and the time from that scrape to the new round's training
+        (the trainer's train-phase start; this pass when it does not say)."""
+        if not self.plan.in_place_restarts:
+            return None
+        old = self.old_status.get("progress")
+        old = old if isinstance(old, dict) else None
+        last_seen = parse_time((old or {}).get("updateTime"))
+        if last_seen is None:
+            return goodput.InPlaceRound(old, 0.0)
+        resumed = self.now
+        health = self.observed.health
+        if health is not None and health.phase == contract.PHASE_TRAIN:
+            started = _unix_time(health.phase_started)
+            if started is not None:
+                resumed = max(last_seen, min(self.now, started))
+        return goodput.InPlaceRound(
+            old,
+            max(0.0, (resumed - last_seen).total_seconds()),
+            max(0.0, (self.now - resumed).total_seconds()),
+        )
+
     def _ended_master_runs(self) -> bool:
         """A master of a gang that ended still runs: preempted, its trainer saves
         in the grace period, and that save is the step the next gang resumes from."""
@@ -278,3 +303,13 @@ class Pass:
         reason = (found or {}).get("reason") or phase
         warning = phase in (c.PHASE_FAILED, c.PHASE_RESTARTING)
         return EventSpec("Warning" if warning else "Normal", reason, message)
+
+
+def _unix_time(seconds: float | None) -> datetime | None:
+    """A pod's Unix timestamp as a datetime; None for one no clock can show."""
+    if seconds is None:
+        return None
+    try:
+        return datetime.fromtimestamp(seconds, tz=UTC)
+    except (OverflowError, OSError, ValueError):
+        return None

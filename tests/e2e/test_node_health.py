@@ -41,6 +41,7 @@ from tests.fixtures.e2e import (
     apply_objects,
     throttled_node,
 )
+from torchfleet_operator.api import constants
 
 from nodeagent import procs  # isort: skip  (dev/ is put on the path by the fixtures)
 
@@ -177,6 +178,11 @@ def test_a_killed_rank_restarts_in_place_then_a_throttled_node_is_left(
         killed_log = (logs / "round-0" / f"rank-{killed_rank}.log").read_text(errors="replace")
         rank_zero_log = (logs / "round-0" / "rank-0.log").read_text(errors="replace")
         second_round = sorted(p.name for p in (logs / "round-1").iterdir())
+        in_place_events = [
+            e["message"]
+            for e in job_driver.events(namespace, NAME)
+            if e["reason"] == "InPlaceRestart"
+        ]
 
         # 2. A node throttled: named and left.
         before = master_steps(node_agent, namespace)
@@ -209,6 +215,12 @@ def test_a_killed_rank_restarts_in_place_then_a_throttled_node_is_left(
     assert killed_log.startswith(f"=== torchfleet-train rank {killed_rank}, generation 0, round 0")
     assert '"event":"step"' in rank_zero_log, rank_zero_log[-500:]
     assert second_round == ["rank-0.log", "rank-1.log", "rank-2.log"], second_round
+    # The event says where the failed round's output is.
+    mount = spread_shakespeare()["spec"]["checkpoint"].get(
+        "mountPath", constants.DEFAULT_CHECKPOINT_MOUNT_PATH
+    )
+    assert len(in_place_events) == 1, in_place_events
+    assert f"kept under {mount}/logs/gen-0/round-0/ on" in in_place_events[0], in_place_events
 
     straggler = condition(named, "Straggler")
     assert straggler["status"] == "True" and straggler["reason"] == "SlowNode", straggler

@@ -120,6 +120,7 @@ class ShakespeareRun:
     first_master_log: str
     final_master_log: str
     checkpoint_step_at_kill: int
+    killed_rank: int
     progress_seen: list[dict[str, Any]] = field(default_factory=list)
     printed_rows: list[str] = field(default_factory=list)
     claim_dir: Path | None = None
@@ -286,6 +287,7 @@ def _run_with_a_killed_worker(
         # (the master still serves /metrics) until the status has shown this
         # gang's progress and its checkpoint, as on a slower machine.
         checkpoint_at_kill = max(saved_steps())
+        killed_rank = _global_rank(ranks[0].pid)
         while not _shows_the_running_gang(job, checkpoint_at_kill):
             assert time.monotonic() < deadline, f"gang never in status: {job.get('status')}"
             time.sleep(0.2)
@@ -304,9 +306,40 @@ def _run_with_a_killed_worker(
         first_master_log=master_logs[0],
         final_master_log=master_logs[-1],
         checkpoint_step_at_kill=checkpoint_at_kill,
+        killed_rank=killed_rank,
         printed_rows=rows,
         claim_dir=agent.claim_dir(namespace, f"{name}-checkpoint"),
     )
+
+
+def _global_rank(pid: int) -> int:
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return int(next(v.split(b"=", 1)[1] for v in environ if v.startswith(b"RANK=")))
+
+
+def test_the_restart_names_the_failed_pods_kept_logs_and_they_hold_its_lines(
+    shakespeare: ShakespeareRun, job_driver
+):
+    """The gang restart deleted the killed rank's pod and its logs with it; the
+    Restarting event names where its ranks' output was kept, and it is there."""
+    restarts = [
+        e
+        for e in job_driver.events(shakespeare.namespace, shakespeare.job["metadata"]["name"])
+        if e["reason"] == "PodFailed"
+    ]
+    assert restarts, "no PodFailed event for the gang restart"
+    mount = shakespeare.job["spec"]["checkpoint"]["mountPath"]
+    # Worker 0 is node rank 1 of 2-process pods: global ranks 2 and 3.
+    named = f"kept in {mount}/logs/gen-0/round-0/rank-2.log to rank-3.log on the checkpoint volume"
+    assert named in restarts[0]["message"], restarts[0]["message"]
+    assert shakespeare.claim_dir is not None
+    killed = (
+        shakespeare.claim_dir / "logs" / "gen-0" / "round-0" / f"rank-{shakespeare.killed_rank}.log"
+    )
+    text = killed.read_text(errors="replace")
+    assert text.startswith(
+        f"=== torchfleet-train rank {shakespeare.killed_rank}, generation 0, round 0"
+    ), text[:300]
 
 
 def test_shakespeare_job_succeeds_below_the_loss_threshold(shakespeare: ShakespeareRun):

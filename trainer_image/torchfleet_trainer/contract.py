@@ -505,6 +505,14 @@ DEFAULT_LOG_KEEP_GENERATIONS = 5
 DEFAULT_LOG_MAX_BYTES = 8 * 1024 * 1024
 LOGS_SUBDIR = "logs"
 
+
+def kept_log_file(root: str, generation: int, round_: int, rank: int) -> str:
+    """Where rank ``rank`` of gang ``generation``, in-place round ``round_``, keeps
+    its output under the checkpoint directory ``root``: written by the trainer
+    (logtee.py), named by the operator in a failure's condition and event."""
+    return f"{root.rstrip('/')}/{LOGS_SUBDIR}/gen-{generation}/round-{round_}/rank-{rank}.log"
+
+
 # A fixed gang's in-place restart budget: how many times every pod's launcher
 # restarts its workers after a failure, all pods' workers meeting again in a new
 # round of a c10d rendezvous hosted by node rank 0's launcher (the elastic

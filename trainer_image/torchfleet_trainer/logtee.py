@@ -48,8 +48,7 @@ DRAIN_SECONDS = 5.0
 
 
 def log_path(root: Path, generation: int, round_: int, rank: int) -> Path:
-    generation_dir = root / contract.LOGS_SUBDIR / f"gen-{generation}"
-    return generation_dir / f"round-{round_}" / f"rank-{rank}.log"
+    return Path(contract.kept_log_file(str(root), generation, round_, rank))
 
 
 def prune_generations(logs: Path, current: int, keep: int) -> list[Path]:

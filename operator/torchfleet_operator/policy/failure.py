@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -38,7 +38,7 @@ from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
 from torchfleet_operator.build.pods import pod_name_for_rank
 from torchfleet_operator.observed import ObservedPod, parse_time
 from torchfleet_operator.planning import ChildRef, Pass, Plan
-from torchfleet_operator.policy import finish
+from torchfleet_operator.policy import finish, kept_logs
 from torchfleet_trainer import contract
 
 # Exit codes from 128 up mean "killed by signal (code - 128)": 137 = SIGKILL
@@ -62,11 +62,14 @@ class Failure:
     message: str
     disruption: bool = False  # the platform took the pod: not counted toward backoffLimit
     finished_at: datetime | None = None
+    node_rank: int | None = None
+    logs: str | None = None  # where its ranks' output is kept (policy/kept_logs.py)
 
     def describe(self) -> str:
         code = f" with exit code {self.exit_code}" if self.exit_code is not None else ""
         detail = f": {self.message}" if self.message else ""
-        return f"pod {self.pod} {self.reason}{code}{detail}"
+        logs = f"; {self.logs}" if self.logs else ""
+        return f"pod {self.pod} {self.reason}{code}{detail}{logs}"
 
 
 def first_failure(failures: Collection[Failure]) -> Failure:
@@ -220,6 +223,7 @@ def pod_failure(pod: ObservedPod, spec: TrainingJobSpec) -> Failure:
         _with_container_reason(pod),
         False,
         pod.finished_at,
+        pod.node_rank,
     )
 
 
@@ -252,7 +256,7 @@ def on_failure(
 ) -> Plan:
     """Fails the job (a permanent failure, a spent backoffLimit) or restarts the gang."""
     policy = spec.run_policy
-    first = first_failure(found)
+    first = _with_kept_logs(first_failure(found), spec, step.status, restart)
     if not first.retryable:
         left = settle_left(found, step.now, step.config.failure_settle_seconds)
         if left > 0 and not all(p.finished for p in gang):
@@ -278,6 +282,17 @@ def on_failure(
         return finish.finished(step, spec)
     _restart(step, gang, restart, first, counted, disruptions, policy.backoff_limit)
     return step.finalize()
+
+
+def _with_kept_logs(
+    first: Failure, spec: TrainingJobSpec, status: dict[str, Any], restart: int
+) -> Failure:
+    """``first`` naming where its pod's ranks kept their output, when a program
+    exited (a pod taken before its program ran has nothing to read)."""
+    if first.node_rank is None or first.exit_code is None:
+        return first
+    round_ = kept_logs.in_place_round(status, restart)
+    return replace(first, logs=kept_logs.pod_logs(spec, restart, round_, first.node_rank))
 
 
 def _restart(

@@ -21,7 +21,7 @@ from torchfleet_operator.api import constants as c
 from torchfleet_operator.api import reasons as r
 from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
 from torchfleet_operator.planning import Pass
-from torchfleet_operator.policy import failure, reporting
+from torchfleet_operator.policy import failure, kept_logs, reporting
 
 
 def record(step: Pass, spec: TrainingJobSpec) -> bool:
@@ -51,10 +51,13 @@ def record(step: Pass, spec: TrainingJobSpec) -> bool:
     counted = failure.counted_restarts(step.status, restart) + added
     step.status["countedRestarts"] = counted
     limit = spec.run_policy.backoff_limit
+    logs = kept_logs.round_logs(spec, restart, reported - 1)
     message = (
         f"the gang's processes restarted in place ({reported} of runPolicy.inPlaceRestarts "
         f"{spec.run_policy.in_place_restarts} in gang {restart}; {counted} counted restarts "
-        f"of backoffLimit {limit})" + (f": {reason}" if reason else "")
+        f"of backoffLimit {limit})"
+        + (f": {reason}" if reason else "")
+        + (f"; {logs}" if logs else "")
     )
     step.event("Warning", r.EVENT_IN_PLACE_RESTART, message)
     step.plan.in_place_restarts += [reason or "unknown"] * added

@@ -24,12 +24,20 @@ While the ended gang's master still runs (preempted, it saves in its grace
 period) the gang is marked ending and settled only once the master is gone,
 against the newest save then known.
 
+An in-place restart (runPolicy.inPlaceRestarts) ends a round, not the gang's
+pods: the phase stays Running throughout, so the time from the old round's
+last scrape to the new round's first step is moved from running to
+restarting, and the old round is settled as a gang would be (its steps past
+the checkpoint are recomputed time; the next round counts from the
+checkpoint it resumed from).
+
 To keep status writes rare, a pass that changes nothing else flushes only
 every FLUSH_SECONDS (a flush is a status write, whose watch event is a pass).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -49,6 +57,15 @@ BUCKET_OF_PHASE = {
 QUEUED = "queuedSeconds"  # Pending, or no phase yet
 PHASE_BUCKETS = ("queuedSeconds", "suspendedSeconds", "restartingSeconds", "runningSeconds")
 RUNNING_PARTS = ("productiveSeconds", "recomputedSeconds", "checkpointSeconds")
+
+
+@dataclass(frozen=True)
+class InPlaceRound:
+    """A round that ended by an in-place restart, seen in this pass."""
+
+    progress: dict[str, Any] | None  # the old round's last scraped progress
+    restart_seconds: float  # its last scrape until the new round trained again
+    resumed_seconds: float = 0.0  # the new round's training until this pass
 
 
 def _seconds(raw: Any) -> float:
@@ -123,6 +140,7 @@ def account(
     phase_now: str | None,
     gang_ended: bool,
     holding: bool = False,
+    in_place: InPlaceRound | None = None,
     progress: dict[str, Any] | None,
     checkpoint_step: int | None,
     now: datetime,
@@ -134,6 +152,7 @@ def account(
     ``gang_ended`` settles the gang that ended (its lost time is counted);
     ``holding`` marks it ending instead: its master still runs, and the save it
     may make decides what was lost, so settling waits for it.
+    ``in_place`` settles a round an in-place restart ended (the module docstring).
     ``progress`` is this pass's, before any reset (its checkpointSaveSeconds
     is the gang's, its step the gang's last seen); ``checkpoint_step`` the
     newest complete checkpoint; ``created`` the job's creationTimestamp (a
@@ -151,6 +170,7 @@ def account(
     elapsed = (now - until).total_seconds()
     due = (
         gang_ended
+        or in_place is not None
         or (holding and not ending(previous))
         or status_changed
         or phase_now != phase_before
@@ -163,16 +183,21 @@ def account(
     gang = updated["gang"]
     if holding:
         gang["ending"] = True
+    if in_place is not None:
+        _restarting_in_place(updated, in_place)
+        progress = in_place.progress  # the round that ended is settled below
     saving_now = min(
         _seconds((progress or {}).get("checkpointSaveSeconds")), _seconds(gang["runningSeconds"])
     )
-    if gang_ended:
+    if gang_ended or in_place is not None:
         updated["recomputedSeconds"] = _round(
             _seconds(updated.get("recomputedSeconds"))
             + recomputed_seconds(gang, progress, checkpoint_step)
         )
         before = _seconds(gang.get("checkpointSecondsBefore")) + saving_now
         updated["gang"] = gang = _gang(checkpoint_step, before)
+        if in_place is not None:  # the new round has trained since it resumed
+            gang["runningSeconds"] = _round(_seconds(in_place.resumed_seconds))
         saving_now = 0.0
     updated["checkpointSeconds"] = _round(
         _seconds(gang.get("checkpointSecondsBefore")) + saving_now
@@ -181,6 +206,19 @@ def account(
     lost = _seconds(updated["recomputedSeconds"]) + _seconds(updated["checkpointSeconds"])
     updated["productiveSeconds"] = _round(max(0.0, running - lost))
     return updated
+
+
+def _restarting_in_place(updated: dict[str, Any], in_place: InPlaceRound) -> None:
+    """Moves the restart's seconds from running to restarting, and leaves the
+    gang's running time the old round's alone (it is settled next). Never more
+    than was counted as running: that is all there is to move."""
+    gang = updated["gang"]
+    running = _seconds(gang["runningSeconds"])
+    moved = min(_seconds(in_place.restart_seconds), running)
+    old_round = max(0.0, running - moved - _seconds(in_place.resumed_seconds))
+    gang["runningSeconds"] = _round(old_round)
+    updated["runningSeconds"] = _round(_seconds(updated["runningSeconds"]) - moved)
+    updated["restartingSeconds"] = _round(_seconds(updated["restartingSeconds"]) + moved)
 
 
 def _advanced(

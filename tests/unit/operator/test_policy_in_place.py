@@ -9,6 +9,7 @@ import pytest
 
 from torchfleet_operator.build.env import contract_env
 from torchfleet_operator.reconcile import plan
+from torchfleet_operator.status import goodput as gp
 from torchfleet_operator.status.conditions import find
 from torchfleet_operator.status.node_health import GangHealth
 from torchfleet_trainer import contract
@@ -86,3 +87,50 @@ def test_launchers_get_the_budget_and_the_operators_exit_code_rule():
     assert not policy.retries(3) and policy.retries(137)
     off = contract_env("llm", "team", "uid", spec_of(), 1, 0)
     assert contract.IN_PLACE_RESTARTS not in off and contract.RESTART_POLICY not in off
+
+
+def test_an_in_place_round_is_restart_time_and_its_steps_past_the_checkpoint_recomputed():
+    """The old round was last scraped at 100 s (step 40, checkpoint 30); the new
+    round trains from 120 s, and the pass that sees it runs at 130 s: 20 s were
+    restart time, a quarter of the old round's 100 s was recomputed, and the new
+    round has run 10 s from the checkpoint."""
+    old_progress = {"step": 40, "updateTime": stamp(100)}
+    account = gp.fresh(at(0), 0) | {"until": stamp(100), "wallSeconds": 100}
+    account |= {"runningSeconds": 100, "productiveSeconds": 100}
+    account["gang"] |= {"runningSeconds": 100}
+    status = running_status(
+        progress=old_progress,
+        lastCheckpoint={"step": 30, "time": stamp(90)},
+        timeAccounting=account,
+    )
+    health = GangHealth(
+        phase=contract.PHASE_TRAIN,
+        phase_started=at(120).timestamp(),
+        in_place_restarts=1,
+        in_place_reason="worker_killed",
+    )
+    new_progress = {"step": 31, "updateTime": stamp(130)}
+    seen = observed(*gang("llm", 3), health=health, progress=new_progress)
+    decided = plan(job(status=status, runPolicy=POLICY), seen, at(130), CONFIG)
+    shown = decided.status["timeAccounting"]
+    assert shown["wallSeconds"] == 130
+    assert shown["restartingSeconds"] == 20
+    assert shown["runningSeconds"] == 110
+    assert shown["recomputedSeconds"] == 25  # 100 s x (40 - 30) / 40 steps
+    assert shown["productiveSeconds"] == 85
+    assert shown["gang"] == {"startStep": 30, "runningSeconds": 10, "checkpointSecondsBefore": 0}
+    assert decided.status["goodput"] == round(85 / 130, 4)
+    assert decided.status["progress"]["step"] == 31  # progress drops to the resumed round's
+
+
+def test_an_in_place_restart_without_a_train_phase_start_counts_until_the_pass():
+    old_progress = {"step": 40, "updateTime": stamp(100)}
+    account = gp.fresh(at(0), 0) | {"until": stamp(100), "wallSeconds": 100}
+    account |= {"runningSeconds": 100, "productiveSeconds": 100}
+    account["gang"] |= {"runningSeconds": 100}
+    status = running_status(progress=old_progress, timeAccounting=account)
+    hostile = GangHealth(phase=contract.PHASE_TRAIN, phase_started=1e300, in_place_restarts=1)
+    seen = observed(*gang("llm", 3), health=hostile, progress={"step": 1, "updateTime": stamp(130)})
+    decided = plan(job(status=status, runPolicy=POLICY), seen, at(130), CONFIG)
+    assert decided.status["timeAccounting"]["restartingSeconds"] == 30
+    assert decided.status["timeAccounting"]["runningSeconds"] == 100

@@ -1,0 +1,62 @@
+"""Which kept log file a failure's condition and event name. Pure.
+
+``torchfleet-train`` keeps every rank's stdout and stderr on the checkpoint
+volume (contract.kept_log_file: ``logs/gen-<G>/round-<R>/rank-<rank>.log``),
+so the lines of a rank that died outlive its pod. A gang restart deletes the
+pods, and the failure's condition is where users look first: it names the file
+of the pod that failed first, for its gang generation and the in-place round it
+failed in. An elastic job's ranks change from round to round, and the operator
+does not know the round a pod failed in: it names the generation's folder.
+Nothing is named for a command of the user's own (its output is not kept) or a
+job without a checkpoint directory.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
+from torchfleet_trainer import contract
+
+
+def logs_root(spec: TrainingJobSpec) -> str | None:
+    """The checkpoint directory the trainer keeps logs under, as it resolves it."""
+    if not spec.runs_trainer:
+        return None
+    own = spec.trainer.checkpoint.dir if spec.trainer is not None else None
+    return own or (spec.checkpoint.mount_path if spec.checkpoint else None)
+
+
+def in_place_round(status: dict[str, Any], restart: int) -> int:
+    """The in-place round gang ``restart`` is in (0 before any in-place restart)."""
+    shown = status.get("inPlaceRestarts")
+    if not isinstance(shown, dict) or shown.get("gang") != restart:
+        return 0
+    rounds = shown.get("inGang")
+    return rounds if isinstance(rounds, int) and not isinstance(rounds, bool) and rounds > 0 else 0
+
+
+def pod_logs(spec: TrainingJobSpec, restart: int, round_: int, node_rank: int) -> str | None:
+    """Where the ranks of the pod at ``node_rank`` kept their output, as a phrase."""
+    root = logs_root(spec)
+    if root is None:
+        return None
+    if spec.elastic is not None:
+        folder = f"{root.rstrip('/')}/{contract.LOGS_SUBDIR}/gen-{restart}/"
+        return f"the ranks' output is kept under {folder} on the checkpoint volume"
+    processes = spec.resolved_processes_per_node
+    first = node_rank * processes
+    path = contract.kept_log_file(root, restart, round_, first)
+    if processes == 1:
+        return f"its output is kept in {path} on the checkpoint volume"
+    last = contract.kept_log_file(root, restart, round_, first + processes - 1).rsplit("/", 1)[1]
+    return f"its ranks' output is kept in {path} to {last} on the checkpoint volume"
+
+
+def round_logs(spec: TrainingJobSpec, restart: int, round_: int) -> str | None:
+    """Where every rank of the in-place round ``round_`` kept its output."""
+    root = logs_root(spec)
+    if root is None:
+        return None
+    folder = contract.kept_log_file(root, restart, round_, 0).rsplit("/", 1)[0]
+    return f"the round's output is kept under {folder}/ on the checkpoint volume"
