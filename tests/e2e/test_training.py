@@ -328,10 +328,17 @@ def test_the_restart_names_the_failed_pods_kept_logs_and_they_hold_its_lines(
         if e["reason"] == "PodFailed"
     ]
     assert restarts, "no PodFailed event for the gang restart"
+    # The killed rank's pod, or (when the master's report came first) the master,
+    # whose ranks lost their peer (202) and so name the whole round's folder.
+    named = re.search(r"kept (in|under) (\S+)( to (rank-\d+\.log))? on the", restarts[0]["message"])
+    assert named, restarts[0]["message"]
     mount = shakespeare.job["spec"]["checkpoint"]["mountPath"]
-    # Worker 0 is node rank 1 of 2-process pods: global ranks 2 and 3.
-    named = f"kept in {mount}/logs/gen-0/round-0/rank-2.log to rank-3.log on the checkpoint volume"
-    assert named in restarts[0]["message"], restarts[0]["message"]
+    killed_file = f"{mount}/logs/gen-0/round-0/rank-{shakespeare.killed_rank}.log"
+    if named.group(1) == "under":
+        assert named.group(2) == f"{mount}/logs/gen-0/round-0/", named.group(0)
+    else:  # worker 0 is node rank 1 of 2-process pods: global ranks 2 and 3
+        assert named.group(2, 4) == (f"{mount}/logs/gen-0/round-0/rank-2.log", "rank-3.log")
+        assert shakespeare.killed_rank in (2, 3), killed_file
     assert shakespeare.claim_dir is not None
     killed = (
         shakespeare.claim_dir / "logs" / "gen-0" / "round-0" / f"rank-{shakespeare.killed_rank}.log"

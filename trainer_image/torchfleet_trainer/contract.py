@@ -473,6 +473,10 @@ METRIC_PREFLIGHT_SECONDS = "torchfleet_preflight_seconds"
 # timed out: a node or link of the gang is at fault; >= 128, so restartPolicy
 # ExitCode retries it, and the operator names it in the Preflight condition.
 EXIT_PREFLIGHT_FAILED = 201
+# torchfleet-train's exit code when a collective timed out waiting on a peer or
+# lost one: a consequence of another rank's failure, not this rank's. >= 128, so
+# ExitCode retries it; the operator looks past it for the failure that caused it.
+EXIT_COLLECTIVE_FAILED = 202
 
 
 def node_name(env: Mapping[str, str] | None = None) -> str:

@@ -82,7 +82,7 @@ EXIT_PREFLIGHT_FAILED = contract.EXIT_PREFLIGHT_FAILED
 # the operator's ExitCode policy retries it; the next gang or in-place round
 # resumes from the last checkpoint. Each rank that sees it logs one line naming
 # itself, the timeout and torch's message.
-EXIT_COLLECTIVE_FAILED = 202
+EXIT_COLLECTIVE_FAILED = contract.EXIT_COLLECTIVE_FAILED
 
 # The c10d rendezvous's timeouts (seconds) unless PET_RDZV_CONF sets them.
 # A lost node is declared dead after keep_alive_interval x keep_alive_max_attempt

@@ -13,8 +13,10 @@ the program's own errors and fail, 128+ are signals such as OOM kill and retry).
 
 When several pods fail in one batch, the first to fail (by finishedAt) decides:
 an OOM-killed rank takes its peers down with exit 1, and those exits are
-consequences. finishedAt has one-second resolution, so within one second a
-retryable failure is taken as the cause; pods without a finishedAt (taken away,
+consequences. torchfleet-train says so itself: a rank whose collective lost
+its peer exits 202, and any other exit in the batch is taken before it.
+finishedAt has one-second resolution, so within one second a retryable
+failure is taken as the cause; pods without a finishedAt (taken away,
 not exited) come after those that exited.
 
 Kubelets report on their own schedules, so a batch can arrive in pieces: the
@@ -78,6 +80,7 @@ def first_failure(failures: Collection[Failure]) -> Failure:
         failures,
         key=lambda f: (
             f.finished_at is None,
+            f.exit_code == contract.EXIT_COLLECTIVE_FAILED,
             f.finished_at or datetime.max.replace(tzinfo=None),
             not f.retryable,
         ),
@@ -292,6 +295,9 @@ def _with_kept_logs(
     if first.node_rank is None or first.exit_code is None:
         return first
     round_ = kept_logs.in_place_round(status, restart)
+    if first.exit_code == contract.EXIT_COLLECTIVE_FAILED:
+        # Its ranks lost a peer: the rank that failed is another pod's, not yet reported.
+        return replace(first, logs=kept_logs.round_logs(spec, restart, round_))
     return replace(first, logs=kept_logs.pod_logs(spec, restart, round_, first.node_rank))
 
 

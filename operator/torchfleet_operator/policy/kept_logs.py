@@ -54,9 +54,12 @@ def pod_logs(spec: TrainingJobSpec, restart: int, round_: int, node_rank: int) -
 
 
 def round_logs(spec: TrainingJobSpec, restart: int, round_: int) -> str | None:
-    """Where every rank of the in-place round ``round_`` kept its output."""
+    """Where every rank of the in-place round ``round_`` kept its output (an
+    elastic job's: its generation's folder, as for one pod)."""
     root = logs_root(spec)
     if root is None:
         return None
+    if spec.elastic is not None:
+        return pod_logs(spec, restart, round_, 0)
     folder = contract.kept_log_file(root, restart, round_, 0).rsplit("/", 1)[0]
-    return f"the round's output is kept under {folder}/ on the checkpoint volume"
+    return f"every rank's output of the round is kept under {folder}/ on the checkpoint volume"

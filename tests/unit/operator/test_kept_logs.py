@@ -109,3 +109,16 @@ def test_a_permanent_failure_names_it_too_and_a_pod_that_never_ran_does_not():
     )
     restarting = find(decided.status["conditions"], "Restarting")
     assert restarting and "kept" not in restarting["message"], restarting
+
+
+def test_a_pod_whose_ranks_lost_a_peer_names_the_rounds_folder_not_its_own_files():
+    """Exit 202: the rank that failed is another pod's, not reported yet."""
+    pods = [*gang("llm", 3)[1:], pod("llm", 0, phase="Failed", exit_code=202, finished_at=at(5))]
+    body = job(status=running_status(), checkpoint=CKPT, trainer=TRAINER)
+    decided = plan(body, observed(*pods), at(10), CONFIG)
+    restarting = find(decided.status["conditions"], "Restarting")
+    assert restarting, decided.status["conditions"]
+    assert restarting["message"].endswith(
+        "every rank's output of the round is kept under /checkpoints/logs/gen-0/round-0/ "
+        "on the checkpoint volume"
+    ), restarting

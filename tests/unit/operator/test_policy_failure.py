@@ -62,6 +62,11 @@ def test_the_first_to_exit_decides_and_an_exit_comes_before_a_taking():
     assert failure.first_failure([peer, taken, oom]) is oom
     same_second = Failure("w3", "PodFailed", 1, False, "", finished_at=at(1))
     assert failure.first_failure([same_second, oom]) is oom  # the retryable one is the cause
+    # A rank whose collective lost its peer says it is a consequence (202): any
+    # other exit is the cause, even one its pod reported a second later.
+    lost_peer = Failure("m0", "PodFailed", 202, True, "", finished_at=at(0))
+    assert failure.first_failure([lost_peer, oom]) is oom
+    assert failure.first_failure([lost_peer, taken]) is lost_peer  # exited before a pod taken
 
 
 # (pod as seen, node state, status, expected failure reasons)
