@@ -210,6 +210,8 @@ def test_a_killed_rank_restarts_in_place_then_a_throttled_node_is_left(
     assert counted["lastReason"] == "worker_killed", counted
     assert in_place["restartCount"] == 0 and in_place["countedRestarts"] == 1, in_place
     assert in_place["restarts"] == 1, in_place
+    # No gang restart yet, so all restart time is the in-place round's.
+    assert in_place["timeAccounting"]["restartingSeconds"] > 0, in_place["timeAccounting"]
     # Every rank's output of each round is on the volume, the killed one's included
     # (only rank 0 logs the steps), and the second round has a file per rank.
     assert killed_log.startswith(f"=== torchfleet-train rank {killed_rank}, generation 0, round 0")

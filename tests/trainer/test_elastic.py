@@ -92,9 +92,10 @@ def fixed_gang(args: list[str], nproc: int) -> list[TrainerProcess]:
     return [TrainerProcess(args, env | {contract.RANK: str(rank)}) for rank in range(nproc)]
 
 
-def kill_node(pid: int) -> None:
+def kill_node(pid: int, sig: signal.Signals = signal.SIGKILL) -> None:
     """SIGKILLs a launcher and every process under it at once, as a lost node's
-    container dies: its agent starts each worker in a session of its own."""
+    container dies: its agent starts each worker in a session of its own.
+    (SIGSTOP instead: a node gone silent, whose connections are never reset.)"""
     tree, index = [pid], 0
     while index < len(tree):
         for task in Path(f"/proc/{tree[index]}/task").glob("*"):
@@ -103,7 +104,7 @@ def kill_node(pid: int) -> None:
         index += 1
     for member in tree:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(member, signal.SIGKILL)
+            os.kill(member, sig)
 
 
 def steps_of(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:

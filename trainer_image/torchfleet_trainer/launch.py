@@ -37,7 +37,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from torchfleet_trainer import contract, logtee
+from torchfleet_trainer import contract, logtee, lost_peer
 from torchfleet_trainer.config import (
     ConfigError,
     TrainConfig,
@@ -169,6 +169,8 @@ def rendezvous_launch_config(elastic: ElasticRendezvous, processes: int) -> Laun
     # Sharing the agent's store keeps the first round's address in nodes whose
     # rank stays non-zero, which is wrong once the rank-0 node has been lost.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    # A peer whose heartbeat stopped starts a new round at once (lost_peer.py).
+    lost_peer.install()
     return LaunchConfig(
         min_nodes=elastic.min_nodes,
         max_nodes=elastic.max_nodes,
