@@ -99,6 +99,8 @@ REASON_POD_SECURITY_REJECTED: Final = "PodSecurityRejected"
 REASON_KUEUE_MISSING: Final = "KueueNotInstalled"
 REASON_WORKLOAD_PENDING: Final = "WorkloadCreated"  # mirrored when Kueue gave none
 REASON_WAITING_FOR_ADMISSION: Final = "WaitingForAdmission"
+# Admitted, but its topology assignment cannot be used (yet) for the pods.
+REASON_WAITING_FOR_TOPOLOGY: Final = "WaitingForTopologyAssignment"
 REASON_ADMITTED: Final = "Admitted"  # Evicted goes False: admitted again
 
 # ---- event reasons (besides a phase change's, which is its condition's reason) ----

@@ -17,6 +17,15 @@ of ours that differs between them is the priority class: v1beta1's
 keep their shapes. The Workload is built once: a spec changed while the job waits suspended is
 not carried into it (jobframework would replace a Workload that no longer
 matches; not done here yet).
+
+spec.scheduling.topology becomes each PodSet's ``topologyRequest`` (Kueue's
+topology-aware scheduling, TAS: ``required`` or ``preferred`` is the level's
+node label), and master and worker form one PodSet group (``podSetGroupName``,
+Kueue 0.13+: a group of exactly two PodSets, one of them a single pod, placed
+together in one domain as a LeaderWorkerSet's leader and workers are), so the
+whole gang, not each role on its own, is packed. Kueue 0.10 drops the group
+(it has no such field) and ignores the request unless its alpha
+TopologyAwareScheduling gate is on.
 """
 
 from __future__ import annotations
@@ -41,6 +50,8 @@ WORKLOAD_PLURAL = "workloads"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 PRIORITY_CLASS_SOURCE = "scheduling.k8s.io/priorityclass"  # v1beta1
 PRIORITY_CLASS_REF = {"group": "scheduling.k8s.io", "kind": "PriorityClass"}  # v1beta2
+# The PodSet group of master and workers (topologyRequest.podSetGroupName).
+GANG_POD_SET_GROUP = "gang"
 # Pod spec fields Kueue reads from a PodSet template: requests (containers,
 # init containers, overhead) and where the pods may go (flavor matching).
 _SCHEDULING_FIELDS = (
@@ -98,10 +109,23 @@ def _template(pod: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def topology_request(spec: TrainingJobSpec, grouped: bool) -> dict[str, str] | None:
+    """The PodSet's topologyRequest for spec.scheduling.topology (None: no request).
+    ``grouped``: master and workers are one PodSet group, packed together."""
+    topology = spec.scheduling.topology
+    if topology is None:
+        return None
+    request = {topology.mode.lower(): topology.key}
+    if grouped:
+        request["podSetGroupName"] = GANG_POD_SET_GROUP
+    return request
+
+
 def pod_sets(
     job: str, namespace: str, uid: str, spec: TrainingJobSpec, image: str
 ) -> list[dict[str, Any]]:
-    """One PodSet per role: master (count 1) and, when there are any, worker (count N)."""
+    """One PodSet per role: master (count 1) and, when there are any, worker
+    (count N); each with the topology request, when the job makes one."""
     sets = [
         {
             "name": names.MASTER_ROLE,
@@ -119,6 +143,10 @@ def pod_sets(
         if least < spec.worker.replicas:
             workers["minCount"] = least
         sets.append(workers)
+    request = topology_request(spec, grouped=len(sets) == 2)
+    if request is not None:
+        for pod_set in sets:
+            pod_set["topologyRequest"] = dict(request)
     return sets
 
 

@@ -10,12 +10,14 @@ delete.
 
 from __future__ import annotations
 
+from typing import Any
+
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.api import reasons as r
 from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
 from torchfleet_operator.build import names
 from torchfleet_operator.build import workload as workload_builder
-from torchfleet_operator.build.labels import ROLE_LABEL
+from torchfleet_operator.build.labels import NODE_RANK_LABEL, ROLE_LABEL
 from torchfleet_operator.observed import KueueView, ObservedPod, ObservedWorkload
 from torchfleet_operator.planning import Pass, WorkloadPatch
 from torchfleet_operator.policy import admission
@@ -78,7 +80,19 @@ def gate(
     if missing:  # the ResourceFlavor informer has not caught up yet
         step.plan.wake_in(1.0)
         return None
-    return admission.pod_set_infos(workload, view.flavors)
+    if admission.topology_pending(workload):  # Kueue writes it later; its watch wakes us
+        _no_topology(step, f"Kueue has not assigned Workload {workload.name} a topology yet")
+        return None
+    try:
+        return admission.pod_set_infos(workload, view.flavors)
+    except ValueError as exc:  # Kueue's, not the job's: wait for a readable one
+        _no_topology(step, f"Workload {workload.name}: {exc}")
+        return None
+
+
+def _no_topology(step: Pass, message: str) -> None:
+    step.set_phase(c.PHASE_PENDING)
+    step.set_condition(r.CONDITION_CREATED, False, r.REASON_WAITING_FOR_TOPOLOGY, message)
 
 
 def _mirror(step: Pass, workload: ObservedWorkload | None) -> None:
@@ -117,13 +131,21 @@ def _evicted(
 
 
 def place(step: Pass, placement: dict[str, admission.PodSetInfo]) -> None:
-    """Puts the admitted flavors' nodeSelector and tolerations on the pods to create."""
+    """Puts the admitted flavors' nodeSelector and tolerations (and, admitted by
+    TAS, each pod's domain) on the pods to create."""
     step.plan.create = [
-        admission.apply_pod_set_info(m, placement[role])
+        admission.apply_pod_set_info(m, placement[role], _index_in_pod_set(m, role))
         if m["kind"] == "Pod" and (role := m["metadata"]["labels"].get(ROLE_LABEL, "")) in placement
         else m
         for m in step.plan.create
     ]
+
+
+def _index_in_pod_set(pod: dict[str, Any], role: str) -> int:
+    """The pod's place in its role's PodSet: the master is the master set's
+    only pod, worker k (node rank k + 1) the worker set's k-th."""
+    rank = int(pod["metadata"]["labels"][NODE_RANK_LABEL])
+    return rank if role == names.MASTER_ROLE else rank - 1
 
 
 def admitted_size(step: Pass, spec: TrainingJobSpec) -> TrainingJobSpec:
