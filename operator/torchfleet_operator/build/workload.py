@@ -32,9 +32,9 @@ replaces one that no longer matches its job.
 spec.scheduling.topology becomes each PodSet's ``topologyRequest`` (Kueue's
 topology-aware scheduling, TAS: ``required`` or ``preferred`` is the level's
 node label), and master and worker form one PodSet group (``podSetGroupName``,
-Kueue 0.13+: a group of exactly two PodSets, one of them a single pod, placed
-together in one domain as a LeaderWorkerSet's leader and workers are), so the
-whole gang, not each role on its own, is packed. Kueue 0.10 drops the group
+in 0.17, not in 0.10: a group of exactly two PodSets, one of them a single pod,
+placed together in one domain as a LeaderWorkerSet's leader and workers are),
+so the whole gang, not each role on its own, is packed. Kueue 0.10 drops the group
 (it has no such field) and ignores the request unless its alpha
 TopologyAwareScheduling gate is on.
 """

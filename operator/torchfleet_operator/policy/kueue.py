@@ -1,10 +1,12 @@
 """The Kueue policy of one pass: a queued job's pods wait for its Workload's
-admission, take the admitted placement, stop when evicted, and a finished
-job hands its quota back. Pure.
+admission, take the admitted placement (flavors and, with TAS, each pod's
+domain), stop when evicted, and a finished job hands its quota back. A
+suspended job deactivates its Workload; a job whose PodSets changed while its
+Workload waited gets a new one. Pure.
 
 What each state of the Workload means is admission.py's (read and decide on
 Kueue's objects); this module applies it to the pass: the phase, the job's
-mirrored conditions, the Workload to create, the patches to it, the pods to
+mirrored conditions, the Workload to create, replace or patch, the pods to
 delete.
 """
 
