@@ -18,6 +18,7 @@ from tests.fixtures.kueue import (
     job_condition,
     job_workload,
     wait_condition,
+    wait_short_of_quota,
     workloads,
 )
 from tests.fixtures.operator import kwok_job_spec
@@ -283,6 +284,8 @@ def test_a_workload_priority_class_orders_two_queued_jobs(
         assert workload["spec"]["priorityClassName"] == high
         assert workload["spec"]["priorityClassSource"] == "kueue.x-k8s.io/workloadpriorityclass"
 
+    for name in ("low", "high"):  # both in the queue, tried and waiting
+        wait_short_of_quota(job_driver, namespace, name)
     job_driver.succeed_pod(namespace, "first-master-0")
     # The higher class goes first although it came later.
     job_driver.wait_running_pods(namespace, "high", 1, timeout=90)
@@ -309,10 +312,9 @@ def test_a_suspended_job_keeps_its_place_and_suspended_when_admitted_hands_its_q
     job_driver.wait_for("next's Workload", lambda: job_workload(job_driver, namespace, "next"))
 
     job_driver.patch(namespace, "held", {"spec": {"suspend": False}})
-    job_driver.wait_for(
-        "held's Workload active again",
-        lambda: job_workload(job_driver, namespace, "held")["spec"].get("active") is not False,
-    )
+    # Back in the queue: Kueue tries it (never before: it was made inactive).
+    wait_short_of_quota(job_driver, namespace, "held")
+    assert job_workload(job_driver, namespace, "held")["spec"].get("active") is not False
     job_driver.succeed_pod(namespace, "first-master-0")
     # Same Workload, same place: held goes before next, which came later.
     job_driver.wait_running_pods(namespace, "held", 1, timeout=90)
@@ -340,13 +342,7 @@ def test_a_job_changed_while_it_waits_gets_a_new_workload(
     # 3 pods x 8 GPUs never fit in 16 ...
     spec = kwok_job_spec(2, resources={"gpus": 8}, scheduling={"queueName": queue})
     job_driver.create(namespace, "big", spec)
-    wait_condition(
-        job_driver,
-        namespace,
-        "big",
-        "QuotaReserved",
-        lambda c: c["status"] == "False" and "insufficient" in c.get("message", ""),
-    )
+    wait_short_of_quota(job_driver, namespace, "big")
     before = job_workload(job_driver, namespace, "big")
     # ... 3 x 4 do. The pods' shape changes only while the job is suspended:
     # the waiting Workload is replaced by one that asks for 4 each.

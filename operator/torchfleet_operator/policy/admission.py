@@ -250,7 +250,7 @@ def apply_pod_set_info(pod: dict[str, Any], info: PodSetInfo, index: int = 0) ->
         if key in selector and selector[key] != value:
             raise ConflictError(
                 f"nodeSelector {key}={selector[key]} of the pod template conflicts with "
-                f"{key}={value} of the admitted flavor"
+                f"{key}={value} of the admission (flavor or topology domain)"
             )
         selector[key] = value
     if selector:

@@ -100,9 +100,6 @@ def _current_workload(
             f"{wanted_class!r}, which does not exist",
         )
         return None
-    sets_hash = workload_builder.pod_sets_hash(
-        workload_builder.pod_sets(step.name, step.namespace, step.uid, spec, image)
-    )
     if workload is None:
         step.plan.create.append(
             workload_builder.workload(
@@ -119,7 +116,7 @@ def _current_workload(
         )
     elif workload.deleting:
         pass
-    elif _stale(workload, sets_hash):
+    elif _stale(workload, step, spec, image):
         step.plan.workload_patches.append(
             WorkloadPatch(
                 workload.name,
@@ -143,20 +140,25 @@ def _current_workload(
 
 def _deactivated_while_waiting(workload: ObservedWorkload, live: list[ObservedPod]) -> bool:
     """Kueue marks every deactivated Workload Evicted, even one that never ran
-    (a job suspended while it waited, now resumed): nothing to stop, it waits."""
+    (a job suspended while it waited, now resumed): nothing to stop, it waits.
+    One someone else deactivated still shows as evicted (Kueue's reason)."""
     reason = str((workload.condition(r.WORKLOAD_EVICTED) or {}).get("reason") or "")
     return (
         reason.startswith(r.WORKLOAD_DEACTIVATED)  # 0.10: also "DeactivatedDueTo<reason>"
+        and (workload.active or bool(workload.annotation(workload_builder.SUSPENDED_ANNOTATION)))
         and not workload.has_reservation
         and not live
     )
 
 
-def _stale(workload: ObservedWorkload, sets_hash: str) -> bool:
+def _stale(workload: ObservedWorkload, step: Pass, spec: TrainingJobSpec, image: str) -> bool:
     """The Workload no longer matches the job and may still be replaced. One
     without the hash (an older operator's) is kept as it is."""
     recorded = workload.annotation(workload_builder.POD_SETS_HASH_ANNOTATION)
-    return recorded is not None and recorded != sets_hash and not workload.has_reservation
+    if recorded is None or workload.has_reservation:
+        return False
+    wanted = workload_builder.pod_sets(step.name, step.namespace, step.uid, spec, image)
+    return recorded != workload_builder.pod_sets_hash(wanted)
 
 
 def _activate(step: Pass, workload: ObservedWorkload, active: bool) -> None:

@@ -225,6 +225,14 @@ def test_the_hash_ignores_the_image_and_follows_the_requests():
 def test_a_resumed_job_whose_workload_never_ran_waits_without_an_eviction():
     # Kueue marks the deactivated Workload Evicted even though it never ran.
     manifest = made_by_this_operator(deactivated_by({}), job(**QUEUED))
+    manifest["metadata"]["annotations"]["torchfleet.dev/suspended"] = "true"
     p = plan(job(**QUEUED), observed(kueue=kueue(manifest)), at(0), CONFIG, status={})
     assert find(p.status["conditions"], "Evicted") is None
     assert find(p.status["conditions"], "Created")["reason"] == "WaitingForAdmission"
+
+
+def test_a_workload_someone_else_deactivated_shows_kueues_eviction():
+    manifest = made_by_this_operator(deactivated_by({}), job(**QUEUED))
+    p = plan(job(**QUEUED), observed(kueue=kueue(manifest)), at(0), CONFIG, status={})
+    evicted = find(p.status["conditions"], "Evicted")
+    assert evicted["status"] == "True" and evicted["reason"] == "Deactivated"
