@@ -46,7 +46,7 @@ KUEUE_OLDEST := v0.10.6
 .PHONY: test-kueue-oldest
 test-kueue-oldest: venv deps cluster-build prometheus-build ## the Kueue tests against the oldest supported Kueue ($(KUEUE_OLDEST))
 	KUEUE_VERSION=$(KUEUE_OLDEST) dev/cluster/kueue/build.sh
-	TORCHFLEET_KUEUE_VERSION=$(KUEUE_OLDEST) $(PY) -m pytest tests/cluster/test_kueue.py tests/e2e/test_kueue_preemption.py
+	TORCHFLEET_KUEUE_VERSION=$(KUEUE_OLDEST) $(PY) -m pytest tests/cluster/test_kueue.py tests/cluster/test_kueue_topology.py tests/e2e/test_kueue_preemption.py
 
 .PHONY: schedulers-build
 schedulers-build: ## gang schedulers (scheduler-plugins, Volcano) from Go modules, cached

@@ -22,7 +22,7 @@ from typing import Any
 
 from torchfleet_operator import metrics
 from torchfleet_operator.build.names import checkpoint_claim_name
-from torchfleet_operator.build.workload import KUEUE_API, WORKLOAD_CRD
+from torchfleet_operator.build.workload import KUEUE_API, WORKLOAD_CRD, workload_priority_class
 from torchfleet_operator.config import OperatorConfig
 from torchfleet_operator.informer import PodInformer
 from torchfleet_operator.kube import ExecutionResult, Executor, RawApi
@@ -63,6 +63,7 @@ class Caches:
     workloads: Mapping[Any, Iterable[Any]] = field(default_factory=dict)
     flavors: Mapping[Any, Iterable[Any]] = field(default_factory=dict)
     priorities: Mapping[Any, Iterable[Any]] = field(default_factory=dict)
+    workload_priorities: Mapping[Any, Iterable[Any]] = field(default_factory=dict)
     kueue_crds: Mapping[Any, Iterable[Any]] = field(default_factory=dict)
     pod_groups: Mapping[Any, Iterable[Any]] = field(default_factory=dict)
 
@@ -89,6 +90,11 @@ def _abdicate() -> None:
 
 def _first(collection: Iterable[Any] | None) -> Any:
     return next(iter(collection or ()), None)
+
+
+def _is_int(value: Any) -> bool:
+    """A priority class's value as read (untrusted: no bool, no string)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class Controller:
@@ -315,13 +321,19 @@ class Controller:
         )
         priority_class = ((body.get("spec") or {}).get("scheduling") or {}).get("priorityClassName")
         priority = _first(caches.priorities.get(priority_class)) if priority_class else None
+        workload_class = workload_priority_class((body.get("metadata") or {}).get("labels"))
+        workload_priority = (
+            _first(caches.workload_priorities.get(workload_class)) if workload_class else None
+        )
         api_version = _first(caches.kueue_crds.get(WORKLOAD_CRD))
         return KueueView(
             installed=bool(caches.kueue_crds),
             api_version=api_version if isinstance(api_version, str) else KUEUE_API,
             workload=workload,
             flavors={name: _first(caches.flavors.get(name)) for name in caches.flavors},
-            priority=priority if isinstance(priority, int) else None,
+            priority=priority if _is_int(priority) else None,
+            workload_priority_class=workload_class,
+            workload_priority=workload_priority if _is_int(workload_priority) else None,
         )
 
     def _prune_expectations(self, key: JobKey, pods: tuple[ObservedPod, ...]) -> _Expectations:

@@ -85,6 +85,7 @@ async def start(
     caches.claims = indices["tf_claims"]
     caches.workloads, caches.flavors = indices["tf_workloads"], indices["tf_flavors"]
     caches.priorities, caches.kueue_crds = indices["tf_priorities"], indices["tf_kueue_crd"]
+    caches.workload_priorities = indices["tf_workload_priorities"]
     caches.pod_groups = _Both(
         indices["tf_coscheduling_groups"], indices["tf_volcano_groups"], indices["tf_native_groups"]
     )
@@ -126,7 +127,8 @@ async def tf_claims(namespace: str | None, name: str, **_: Any) -> dict[Any, Any
     return {(namespace, name): name}
 
 
-# Kueue: the jobs' Workloads, the ResourceFlavors and PriorityClasses they name.
+# Kueue: the jobs' Workloads, the ResourceFlavors, PriorityClasses and
+# WorkloadPriorityClasses they name.
 
 
 @kopf.index(KUEUE_GROUP, "workloads", labels=CHILD)
@@ -143,6 +145,11 @@ async def tf_flavors(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
 
 @kopf.index("scheduling.k8s.io", "v1", "priorityclasses")
 async def tf_priorities(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {name: body.get("value")}
+
+
+@kopf.index(KUEUE_GROUP, "workloadpriorityclasses")
+async def tf_workload_priorities(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     return {name: body.get("value")}
 
 

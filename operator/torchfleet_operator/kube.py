@@ -386,7 +386,18 @@ class Executor:
         # The patch carries the apiVersion of the Workload it was built from.
         path = f"{collection_path(patch.body['apiVersion'], 'Workload', namespace)}/{patch.name}"
         try:
-            if patch.field_manager:
+            if patch.delete_uid:
+                self.raw.request(
+                    "DELETE",
+                    path,
+                    {
+                        "apiVersion": "v1",
+                        "kind": "DeleteOptions",
+                        "preconditions": {"uid": patch.delete_uid},
+                    },
+                    decode=False,
+                )
+            elif patch.field_manager:
                 self.raw.request(
                     "PATCH",
                     f"{path}/status",
@@ -404,8 +415,9 @@ class Executor:
                     decode=False,
                 )
         except ApiException as exc:
-            # 404: gone with its job. 409: Kueue changed it meanwhile; the watch
-            # brings the new version and the next pass decides again.
+            # 404: gone with its job. 409: Kueue changed it meanwhile (or, for a
+            # delete, it is a newer one); the watch brings the new version and
+            # the next pass decides again.
             if exc.status in (404, 409):
                 return None
             return self._failure("patch", "Workload", patch.name, exc)

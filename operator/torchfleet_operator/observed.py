@@ -470,6 +470,14 @@ class ObservedWorkload:
     def finished(self) -> bool:
         return self.is_true(r.WORKLOAD_FINISHED)
 
+    @property
+    def active(self) -> bool:
+        return self.spec.get("active") is not False
+
+    def annotation(self, key: str) -> str | None:
+        found = (self.metadata.get("annotations") or {}).get(key)
+        return found if isinstance(found, str) else None
+
 
 @dataclass(frozen=True)
 class KueueView:
@@ -480,6 +488,9 @@ class KueueView:
     workload: ObservedWorkload | None = None
     flavors: dict[str, Flavor] = field(default_factory=dict)  # ResourceFlavors by name
     priority: int | None = None  # value of the job's PriorityClass, when known
+    # The WorkloadPriorityClass the job's label names, and its value when known.
+    workload_priority_class: str | None = None
+    workload_priority: int | None = None
 
 
 @dataclass(frozen=True)

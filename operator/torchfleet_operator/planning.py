@@ -52,11 +52,13 @@ class EventSpec:
 @dataclass(frozen=True)
 class WorkloadPatch:
     """A write to the job's Kueue Workload: a server-side apply of its status
-    under ``field_manager``, or (field_manager None) a merge patch of the object."""
+    under ``field_manager``, or (field_manager None) a merge patch of the object,
+    or (``delete_uid``) its deletion, only of that incarnation."""
 
     name: str
     body: dict[str, Any]
     field_manager: str | None = None
+    delete_uid: str | None = None
 
 
 @dataclass

@@ -111,12 +111,14 @@ def _active(step: Pass, spec: TrainingJobSpec) -> Plan:
     reporting.count(step, current, spec.nodes)
     reporting.record_progress(step)
 
+    queue = admission.kueue_queue(spec, step.labels)
     if spec.suspend:
+        if queue is not None:  # the Workload deactivated, kept in its place
+            kueue.suspended(step, spec, queue, pods, step.config.trainer_image)
         return suspend.suspend(step, pods)
     suspend.resumed(step)
 
     placement: dict[str, admission.PodSetInfo] = {}
-    queue = admission.kueue_queue(spec, step.labels)
     if queue is not None:
         admitted = kueue.gate(step, spec, queue, pods, step.config.trainer_image)
         if admitted is None:

@@ -1,6 +1,7 @@
-"""The operator as TrainingJob's Kueue integration, against a real Kueue (v0.10.6,
-dev/cluster/kueue.py) and KWOK's fake 8-GPU nodes: quota, flavors, preemption,
-a queue that does not exist.
+"""The operator as TrainingJob's Kueue integration, against a real Kueue (v0.17.0,
+or v0.10.6 in make test-kueue-oldest; dev/cluster/kueue.py) and KWOK's fake
+8-GPU nodes: quota, flavors, preemption, a queue that does not exist, a
+WorkloadPriorityClass, suspend, a job changed while it waits.
 
 Each test has its own namespace, LocalQueue and (cluster-scoped, uniquely
 named) ClusterQueue, ResourceFlavors and PriorityClasses.
@@ -12,12 +13,20 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.kueue import job_condition, wait_condition, workloads
+from tests.fixtures.kueue import (
+    create_labelled,
+    job_condition,
+    job_workload,
+    wait_condition,
+    wait_short_of_quota,
+    workloads,
+)
 from tests.fixtures.operator import kwok_job_spec
 
 pytestmark = pytest.mark.cluster
 
 GPU = "nvidia.com/gpu"
+WPC_LABEL = "kueue.x-k8s.io/priority-class"
 
 
 def gpu_job(queue: str, priority_class: str | None = None, gpus: int = 8) -> dict[str, Any]:
@@ -243,3 +252,117 @@ def test_a_queue_that_does_not_exist_is_reported_in_kueues_words(
     assert job_driver.status(namespace, "lost") == touched["status"]
     assert shared_operator.metric("torchfleet_operator_reconcile_errors_total") == 0
     assert shared_operator.process.poll() is None
+
+
+# ---- the Workload while the job waits: priority class, suspend, a changed job --------
+
+
+def test_a_workload_priority_class_orders_two_queued_jobs(
+    kueue, shared_operator, job_driver, kueue_objects, namespace
+):
+    low = kueue_objects.workload_priority_class("low", 100)
+    high = kueue_objects.workload_priority_class("high", 1000)
+    flavor = kueue_objects.flavor("default")
+    cq = kueue_objects.cluster_queue("one-job", [(flavor, {GPU: 8})])
+    queue = kueue_objects.local_queue(namespace, "team-a", cq)
+    job_driver.create(namespace, "first", gpu_job(queue))
+    job_driver.wait_running_pods(namespace, "first", 1)
+    # Queued behind it: low first, then high.
+    for name, priority_class in (("low", low), ("high", high)):
+        create_labelled(job_driver, namespace, name, gpu_job(queue), {WPC_LABEL: priority_class})
+        workload = job_driver.wait_for(
+            f"the Workload of {name}", lambda n=name: job_workload(job_driver, namespace, n)
+        )
+    assert workload["spec"]["priority"] == 1000
+    if kueue.endswith("v1beta2"):
+        assert workload["spec"]["priorityClassRef"] == {
+            "group": "kueue.x-k8s.io",
+            "kind": "WorkloadPriorityClass",
+            "name": high,
+        }
+    else:
+        assert workload["spec"]["priorityClassName"] == high
+        assert workload["spec"]["priorityClassSource"] == "kueue.x-k8s.io/workloadpriorityclass"
+
+    for name in ("low", "high"):  # both in the queue, tried and waiting
+        wait_short_of_quota(job_driver, namespace, name)
+    job_driver.succeed_pod(namespace, "first-master-0")
+    # The higher class goes first although it came later.
+    job_driver.wait_running_pods(namespace, "high", 1, timeout=90)
+    job_driver.wait_phase(namespace, "high", "Running")
+    assert job_driver.pods(namespace, "low") == []
+    assert job_condition(job_driver, namespace, "low", "QuotaReserved")["status"] == "False"
+
+
+def test_a_suspended_job_keeps_its_place_and_suspended_when_admitted_hands_its_quota_back(
+    kueue, shared_operator, job_driver, kueue_objects, namespace
+):
+    flavor = kueue_objects.flavor("default")
+    cq = kueue_objects.cluster_queue("one-job", [(flavor, {GPU: 8})])
+    queue = kueue_objects.local_queue(namespace, "team-a", cq)
+    job_driver.create(namespace, "first", gpu_job(queue))
+    job_driver.wait_running_pods(namespace, "first", 1)
+    # "held" is queued suspended, before "next": its Workload is made inactive.
+    job_driver.create(namespace, "held", {**gpu_job(queue), "suspend": True})
+    held = job_driver.wait_for(
+        "held's Workload", lambda: job_workload(job_driver, namespace, "held")
+    )
+    assert held["spec"]["active"] is False
+    job_driver.create(namespace, "next", gpu_job(queue))
+    job_driver.wait_for("next's Workload", lambda: job_workload(job_driver, namespace, "next"))
+
+    job_driver.patch(namespace, "held", {"spec": {"suspend": False}})
+    # Back in the queue: Kueue tries it (never before: it was made inactive).
+    wait_short_of_quota(job_driver, namespace, "held")
+    assert job_workload(job_driver, namespace, "held")["spec"].get("active") is not False
+    job_driver.succeed_pod(namespace, "first-master-0")
+    # Same Workload, same place: held goes before next, which came later.
+    job_driver.wait_running_pods(namespace, "held", 1, timeout=90)
+    job_driver.wait_phase(namespace, "held", "Running")
+    assert job_workload(job_driver, namespace, "held")["metadata"]["uid"] == held["metadata"]["uid"]
+    assert job_driver.pods(namespace, "next") == []
+
+    # Suspended while admitted: the gang stops and the quota goes to next.
+    job_driver.patch(namespace, "held", {"spec": {"suspend": True}})
+    job_driver.wait_running_pods(namespace, "next", 1, timeout=90)
+    job_driver.wait_phase(namespace, "next", "Running")
+    assert job_driver.wait_phase(namespace, "held", "Suspended")
+    job_driver.wait_for("held's pods gone", lambda: not job_driver.pods(namespace, "held"))
+    workload = job_workload(job_driver, namespace, "held")
+    assert workload["spec"]["active"] is False
+    assert not (workload.get("status") or {}).get("admission")
+
+
+def test_a_job_changed_while_it_waits_gets_a_new_workload(
+    kueue, shared_operator, job_driver, kueue_objects, namespace
+):
+    flavor = kueue_objects.flavor("default")
+    cq = kueue_objects.cluster_queue("gpus16", [(flavor, {GPU: 16})])
+    queue = kueue_objects.local_queue(namespace, "team-a", cq)
+    # 3 pods x 8 GPUs never fit in 16 ...
+    spec = kwok_job_spec(2, resources={"gpus": 8}, scheduling={"queueName": queue})
+    job_driver.create(namespace, "big", spec)
+    wait_short_of_quota(job_driver, namespace, "big")
+    before = job_workload(job_driver, namespace, "big")
+    # ... 3 x 4 do. The pods' shape changes only while the job is suspended:
+    # the waiting Workload is replaced by one that asks for 4 each.
+    job_driver.patch(namespace, "big", {"spec": {"suspend": True}})
+    job_driver.patch(namespace, "big", {"spec": {"suspend": False, "resources": {"gpus": 4}}})
+    job_driver.wait_running_pods(namespace, "big", 3, timeout=90)
+    after = job_workload(job_driver, namespace, "big")
+    assert after["metadata"]["uid"] != before["metadata"]["uid"]
+    assert [w["metadata"]["uid"] for w in workloads(job_driver, namespace)] == [
+        after["metadata"]["uid"]
+    ]
+    requests = after["spec"]["podSets"][1]["template"]["spec"]["containers"][0]["resources"]
+    assert requests["requests"][GPU] == "4"
+    # Once admitted, a change of its PodSets (here a topology hint, which may
+    # change while the job runs) is not carried into it: the same Workload stays.
+    hint = {"key": "kubernetes.io/hostname", "mode": "Preferred"}
+    job_driver.patch(namespace, "big", {"spec": {"scheduling": {"topology": hint}}})
+    job_driver.wait_for(
+        "the operator's pass over the change",
+        lambda: job_driver.status(namespace, "big").get("observedGeneration", 0) >= 4,
+    )
+    assert job_workload(job_driver, namespace, "big")["metadata"]["uid"] == after["metadata"]["uid"]
+    assert job_driver.status(namespace, "big")["phase"] == "Running"

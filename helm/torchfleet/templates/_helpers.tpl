@@ -102,7 +102,9 @@ operator makes (operator/torchfleet_operator/handlers.py and kube.py):
   (is it this job's?); it is never watched.
 - workloads (Kueue): a queued job's Workload is created and watched; its
   status is server-side applied to clear an evicted job's reservation and to
-  mark a finished job's Workload Finished.
+  mark a finished job's Workload Finished; its spec.active is patched to follow
+  the job's spec.suspend; it is deleted (and made anew) when the job's pod
+  sets change while it waits.
 */}}
 {{- define "torchfleet.rbac.namespacedRules" -}}
 - apiGroups: ["torchfleet.dev"]
@@ -135,7 +137,7 @@ operator makes (operator/torchfleet_operator/handlers.py and kube.py):
 {{- end }}
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]
-  verbs: ["list", "watch", "create"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads/status"]
   verbs: ["patch"]
@@ -150,6 +152,8 @@ Cluster-scoped reads:
 - resourceflavors (Kueue): an admitted flavor's nodeLabels and tolerations go
   onto the pods.
 - priorityclasses: a queued job's Workload carries its PriorityClass's value.
+- workloadpriorityclasses (Kueue): or that of the WorkloadPriorityClass its
+  kueue.x-k8s.io/priority-class label names.
 - namespaces, namespaced mode only: kopf lists and watches them to resolve its
   --namespace list. Refused, it retries for about half a minute, logging
   errors, before it starts watching at all. Cluster-wide it never lists them.
@@ -162,7 +166,7 @@ Cluster-scoped reads:
   resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]
 - apiGroups: ["kueue.x-k8s.io"]
-  resources: ["resourceflavors"]
+  resources: ["resourceflavors", "workloadpriorityclasses"]
   verbs: ["list", "watch"]
 - apiGroups: ["scheduling.k8s.io"]
   resources: ["priorityclasses"]

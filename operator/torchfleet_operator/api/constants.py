@@ -34,6 +34,8 @@ MAX_TERMINATION_GRACE_SECONDS: Final = 86_400
 
 # Kueue admits a suspended job whose pods carry this label.
 KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
+# Kueue's WorkloadPriorityClass of a job: its Workload's priority (not the pods').
+KUEUE_PRIORITY_CLASS_LABEL: Final = "kueue.x-k8s.io/priority-class"
 VOLCANO_SCHEDULER: Final = "volcano"  # Volcano's scheduler name (its default --scheduler-name)
 
 # status.phase values.

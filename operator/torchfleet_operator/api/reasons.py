@@ -40,6 +40,7 @@ WORKLOAD_EVICTED: Final = "Evicted"
 WORKLOAD_FINISHED: Final = "Finished"
 WORKLOAD_REQUEUED: Final = "Requeued"
 WORKLOAD_PREEMPTED: Final = "Preempted"
+WORKLOAD_DEACTIVATED: Final = "Deactivated"  # Evicted: spec.active false
 WORKLOAD_DEACTIVATION_TARGET: Final = "DeactivationTarget"
 # Reasons Kueue's jobframework writes when it takes a reservation back.
 WORKLOAD_REASON_PENDING: Final = "Pending"
@@ -99,6 +100,12 @@ REASON_POD_SECURITY_REJECTED: Final = "PodSecurityRejected"
 REASON_KUEUE_MISSING: Final = "KueueNotInstalled"
 REASON_WORKLOAD_PENDING: Final = "WorkloadCreated"  # mirrored when Kueue gave none
 REASON_WAITING_FOR_ADMISSION: Final = "WaitingForAdmission"
+# The job's kueue.x-k8s.io/priority-class label names no WorkloadPriorityClass (yet).
+REASON_PRIORITY_CLASS_MISSING: Final = "WorkloadPriorityClassNotFound"
+# The job's PodSets changed while its Workload waited: a new Workload replaces it.
+REASON_WORKLOAD_REPLACED: Final = "WorkloadReplaced"
+# Admitted, but its topology assignment cannot be used (yet) for the pods.
+REASON_WAITING_FOR_TOPOLOGY: Final = "WaitingForTopologyAssignment"
 REASON_ADMITTED: Final = "Admitted"  # Evicted goes False: admitted again
 
 # ---- event reasons (besides a phase change's, which is its condition's reason) ----

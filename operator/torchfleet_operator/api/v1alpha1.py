@@ -578,11 +578,15 @@ class RunPolicy(ApiModel):
 
 
 class TopologySpec(ApiModel):
-    """Pack the job's pods into one topology domain (rack, block, zone)."""
+    """Pack the job's pods into one topology domain (rack, block, zone). Queued in
+    Kueue, it is also the Workload's topology request (Kueue's topology-aware
+    scheduling): Kueue admits the gang only where the domain has room and the
+    pods are created on the nodes it assigned."""
 
     key: Annotated[str, StringConstraints(min_length=1, max_length=317)] = Field(
-        description="Node label naming the domain, e.g. topology.kubernetes.io/zone or "
-        "cloud.provider.com/topology-block."
+        description="Node label naming the domain (the topology level), e.g. "
+        "topology.kubernetes.io/zone or cloud.provider.com/topology-block. Queued in "
+        "Kueue, it must be a level of the Topology of the ResourceFlavor it admits from.",
     )
     mode: Literal["Preferred", "Required"] = Field(
         "Preferred",
@@ -590,7 +594,10 @@ class TopologySpec(ApiModel):
         "the same domain (a hard podAffinity). With a gang scheduler (podGroup Coscheduling "
         "or Volcano) that means all pods in one domain or none bound. Without one the "
         "default scheduler places pods one at a time: the first pod picks the domain, and "
-        "pods that do not fit there stay Pending while the placed ones hold their GPUs.",
+        "pods that do not fit there stay Pending while the placed ones hold their GPUs. "
+        "Queued in Kueue: the PodSets' topologyRequest.required or .preferred; Required "
+        "waits in the queue (Kueue's reason in the QuotaReserved condition) until one "
+        "domain holds the whole gang, Preferred lets Kueue go up a level and spread it.",
     )
 
 

@@ -11,6 +11,9 @@ does for its built-in jobs:
 * admitted: the pods get the admitted flavors' nodeLabels as nodeSelector and
   their tolerations (RunWithPodSetsInfo), plus any admission check's
   podSetUpdates, and the gang is created;
+* admitted by topology-aware scheduling (a podSetAssignment with a
+  ``topologyAssignment``): each pod also gets its own domain's node labels
+  (see ``topology_domains`` for why the operator places the pods itself);
 * evicted (preemption, deactivation, a pods-ready timeout): stop the gang
   gracefully and, once no pod is left, clear the Workload's quota reservation
   (status.admission and the QuotaReserved/Admitted conditions, as
@@ -24,6 +27,7 @@ names the Volcano queue of the PodGroup, not a Kueue LocalQueue).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +36,20 @@ from torchfleet_operator.api.constants import KUEUE_QUEUE_LABEL
 from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
 from torchfleet_operator.build.workload import KUEUE_API
 from torchfleet_operator.observed import Flavor, ObservedWorkload
+
+# What Kueue's TAS reads on a pod: the topology annotations make it a TAS pod
+# (its usage is the Workload's, not counted again as non-TAS usage of its node);
+# the Workload annotation and PodSet label are jobframework's, for Kueue's pod
+# lookups (node-failure replacement, its ungater's bookkeeping).
+TOPOLOGY_ANNOTATIONS = {
+    "required": "kueue.x-k8s.io/podset-required-topology",
+    "preferred": "kueue.x-k8s.io/podset-preferred-topology",
+}
+UNCONSTRAINED_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-unconstrained-topology"
+WORKLOAD_ANNOTATION = "kueue.x-k8s.io/workload"
+POD_SET_LABEL = "kueue.x-k8s.io/podset"
+# Admission with the topology still to come (a ProvisioningRequest first).
+DELAYED_TOPOLOGY_PENDING = "Pending"
 
 # The field manager Kueue writes admission with; a server-side apply under it
 # without status.admission removes the admission (as jobframework does).
@@ -57,6 +75,8 @@ class PodSetInfo:
     tolerations: tuple[dict[str, Any], ...] = ()
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
+    # TAS: the node labels of each pod's domain, by the pod's index in its PodSet.
+    domains: tuple[dict[str, str], ...] = ()
 
 
 def pod_set_infos(workload: ObservedWorkload, flavors: dict[str, Flavor]) -> dict[str, PodSetInfo]:
@@ -76,7 +96,11 @@ def pod_set_infos(workload: ObservedWorkload, flavors: dict[str, Flavor]) -> dic
             for key, value in flavor.node_labels.items():
                 selector.setdefault(key, value)  # the first flavor wins, as MergeKeepFirst
             tolerations += [t for t in flavor.tolerations if t not in tolerations]
-        infos[str(assignment.get("name"))] = PodSetInfo(selector, tuple(tolerations))
+        name = str(assignment.get("name"))
+        infos[name] = PodSetInfo(selector, tuple(tolerations))
+        domains = topology_domains(assignment.get("topologyAssignment"))
+        if domains is not None:
+            infos[name] = _placed(infos[name], workload, name, domains)
     for check in workload.status.get("admissionChecks") or []:
         for update in check.get("podSetUpdates") or []:
             name = str(update.get("name"))
@@ -87,8 +111,97 @@ def pod_set_infos(workload: ObservedWorkload, flavors: dict[str, Flavor]) -> dic
                 + tuple(t for t in update.get("tolerations") or () if t not in base.tolerations),
                 {**(update.get("labels") or {}), **base.labels},
                 {**(update.get("annotations") or {}), **base.annotations},
+                base.domains,
             )
     return infos
+
+
+def topology_domains(assignment: Any) -> tuple[dict[str, str], ...] | None:
+    """The node labels of each pod's domain, in rank order, from a PodSet's
+    ``topologyAssignment`` (None: not admitted by TAS; ValueError: unreadable).
+
+    Kueue's own jobs create their pods gated (``kueue.x-k8s.io/topology``) and its
+    TopologyUngater writes each one's domain into its nodeSelector. The operator
+    creates the pods itself, after admission, so it reads the assignment and
+    creates every pod with its domain already set: nothing waits on a second
+    controller's patch, no pod sits gated if Kueue's ungater is slow or finds the
+    pods by labels it does not expect, and rank 0 (the master) and consecutive
+    workers fill the domains in Kueue's order, as the ungater's rank mode would.
+
+    Both API versions: v1beta1 lists ``domains`` ({values, count}); v1beta2
+    compresses them into ``slices`` (domainCount; per level a ``universal`` value
+    or ``individual`` roots with an optional prefix and suffix; podCounts
+    ``universal`` or ``individual``), decoded as Kueue's InternalSeqFrom does."""
+    if not isinstance(assignment, dict):
+        return None
+    levels = assignment.get("levels")
+    if not isinstance(levels, list) or not levels:
+        raise ValueError(f"topologyAssignment without levels: {assignment!r}")
+    placed: list[dict[str, str]] = []
+    try:
+        for values, count in _assigned_domains(assignment):
+            if len(values) != len(levels) or count < 0:
+                raise ValueError(f"domain {values!r} does not match the levels {levels!r}")
+            placed += [dict(zip(map(str, levels), values, strict=True))] * count
+    except (KeyError, TypeError, IndexError, AttributeError, ValueError) as exc:
+        raise ValueError(f"unreadable topologyAssignment: {exc!r}") from exc
+    return tuple(placed)
+
+
+def _assigned_domains(assignment: dict[str, Any]) -> Iterator[tuple[list[str], int]]:
+    for domain in assignment.get("domains") or ():  # v1beta1
+        yield [str(v) for v in domain["values"]], int(domain["count"])
+    for piece in assignment.get("slices") or ():  # v1beta2
+        counts = piece["podCounts"]
+        for i in range(int(piece["domainCount"])):
+            count = counts["universal"] if "universal" in counts else counts["individual"][i]
+            yield [_level_value(level, i) for level in piece["valuesPerLevel"]], int(count)
+
+
+def _level_value(level: dict[str, Any], index: int) -> str:
+    if "universal" in level:
+        return str(level["universal"])
+    values = level["individual"]
+    return f"{values.get('prefix') or ''}{values['roots'][index]}{values.get('suffix') or ''}"
+
+
+def _placed(
+    info: PodSetInfo, workload: ObservedWorkload, pod_set: str, domains: tuple[dict[str, str], ...]
+) -> PodSetInfo:
+    """A TAS-admitted PodSet's pods: their domains, and the marks Kueue reads
+    (jobframework's getPodSetsInfoFromStatus + podset.FromAssignment)."""
+    request = next(
+        (
+            p.get("topologyRequest") or {}
+            for p in workload.spec.get("podSets") or ()
+            if p.get("name") == pod_set
+        ),
+        {},
+    )
+    annotations = {
+        TOPOLOGY_ANNOTATIONS[kind]: str(request[kind])
+        for kind in TOPOLOGY_ANNOTATIONS
+        if request.get(kind)
+    } or {UNCONSTRAINED_TOPOLOGY_ANNOTATION: "true"}  # a TAS flavor, no request of ours
+    annotations[WORKLOAD_ANNOTATION] = workload.name
+    return PodSetInfo(
+        info.node_selector,
+        info.tolerations,
+        {**info.labels, POD_SET_LABEL: pod_set},
+        {**info.annotations, **annotations},
+        domains,
+    )
+
+
+def topology_pending(workload: ObservedWorkload) -> bool:
+    """Admitted, but a PodSet's topology is still to be assigned (delayed
+    topology request): no pod can be placed yet."""
+    admission = workload.status.get("admission") or {}
+    return any(
+        a.get("delayedTopologyRequest") == DELAYED_TOPOLOGY_PENDING
+        and not a.get("topologyAssignment")
+        for a in admission.get("podSetAssignments") or ()
+    )
 
 
 def admitted_count(workload: ObservedWorkload, pod_set: str) -> int | None:
@@ -120,15 +233,24 @@ class ConflictError(ValueError):
     """The admission asks for a node label the pod template already sets otherwise."""
 
 
-def apply_pod_set_info(pod: dict[str, Any], info: PodSetInfo) -> dict[str, Any]:
-    """The pod with the admission's placement added (RunWithPodSetsInfo)."""
+def apply_pod_set_info(pod: dict[str, Any], info: PodSetInfo, index: int = 0) -> dict[str, Any]:
+    """The pod with the admission's placement added (RunWithPodSetsInfo); ``index``
+    is the pod's place in its PodSet (its TAS domain)."""
     spec = dict(pod["spec"])
     selector = dict(spec.get("nodeSelector") or {})
-    for key, value in info.node_selector.items():
+    wanted = dict(info.node_selector)
+    if info.domains:
+        if index >= len(info.domains):
+            raise ConflictError(
+                f"pod {index} of its PodSet has no domain in the topology assignment "
+                f"({len(info.domains)} pods placed)"
+            )
+        wanted.update(info.domains[index])
+    for key, value in wanted.items():
         if key in selector and selector[key] != value:
             raise ConflictError(
                 f"nodeSelector {key}={selector[key]} of the pod template conflicts with "
-                f"{key}={value} of the admitted flavor"
+                f"{key}={value} of the admission (flavor or topology domain)"
             )
         selector[key] = value
     if selector:

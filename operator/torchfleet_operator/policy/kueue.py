@@ -1,21 +1,26 @@
 """The Kueue policy of one pass: a queued job's pods wait for its Workload's
-admission, take the admitted placement, stop when evicted, and a finished
-job hands its quota back. Pure.
+admission, take the admitted placement (flavors and, with TAS, each pod's
+domain), stop when evicted, and a finished job hands its quota back. A
+suspended job deactivates its Workload; a job whose PodSets changed while its
+Workload waited gets a new one. Pure.
 
 What each state of the Workload means is admission.py's (read and decide on
 Kueue's objects); this module applies it to the pass: the phase, the job's
-mirrored conditions, the Workload to create, the patches to it, the pods to
+mirrored conditions, the Workload to create, replace or patch, the pods to
 delete.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.api import reasons as r
+from torchfleet_operator.api.constants import KUEUE_PRIORITY_CLASS_LABEL
 from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
 from torchfleet_operator.build import names
 from torchfleet_operator.build import workload as workload_builder
-from torchfleet_operator.build.labels import ROLE_LABEL
+from torchfleet_operator.build.labels import NODE_RANK_LABEL, ROLE_LABEL
 from torchfleet_operator.observed import KueueView, ObservedPod, ObservedWorkload
 from torchfleet_operator.planning import Pass, WorkloadPatch
 from torchfleet_operator.policy import admission
@@ -39,26 +44,14 @@ def gate(
             admission.kueue_missing_message(queue),
         )
         return None
-    workload = view.workload
-    if workload is None or workload.deleting:
-        if workload is None:
-            step.plan.create.append(
-                workload_builder.workload(
-                    step.name,
-                    step.namespace,
-                    step.uid,
-                    spec,
-                    queue,
-                    view.priority,
-                    image,
-                    view.api_version,
-                )
-            )
-        _mirror(step, None)
-        step.set_phase(c.PHASE_PENDING)
+    workload = _current_workload(step, spec, queue, view, image)
+    if workload is None:
         return None
+    if not workload.active and workload.annotation(workload_builder.SUSPENDED_ANNOTATION):
+        # The job was resumed: its Workload goes back into the queue, in its place.
+        _activate(step, workload, True)
     _mirror(step, workload)
-    if workload.evicted:
+    if workload.evicted and not _deactivated_while_waiting(workload, live):
         _evicted(step, workload, pods, live)
         return None
     if not workload.admitted:
@@ -78,7 +71,135 @@ def gate(
     if missing:  # the ResourceFlavor informer has not caught up yet
         step.plan.wake_in(1.0)
         return None
-    return admission.pod_set_infos(workload, view.flavors)
+    if admission.topology_pending(workload):  # Kueue writes it later; its watch wakes us
+        _no_topology(step, f"Kueue has not assigned Workload {workload.name} a topology yet")
+        return None
+    try:
+        return admission.pod_set_infos(workload, view.flavors)
+    except ValueError as exc:  # Kueue's, not the job's: wait for a readable one
+        _no_topology(step, f"Workload {workload.name}: {exc}")
+        return None
+
+
+def _current_workload(
+    step: Pass, spec: TrainingJobSpec, queue: str, view: KueueView, image: str
+) -> ObservedWorkload | None:
+    """The job's Workload as it stands, or None while one is made: created when
+    missing; replaced when the job's PodSets changed while it waited (no quota
+    reserved: once admitted, it is what the gang runs on)."""
+    workload = view.workload
+    wanted_class = view.workload_priority_class
+    if workload is None and wanted_class and view.workload_priority is None:
+        _mirror(step, None)
+        step.set_phase(c.PHASE_PENDING)
+        step.set_condition(
+            r.CONDITION_CREATED,
+            False,
+            r.REASON_PRIORITY_CLASS_MISSING,
+            f"the job's {KUEUE_PRIORITY_CLASS_LABEL} label names WorkloadPriorityClass "
+            f"{wanted_class!r}, which does not exist",
+        )
+        return None
+    if workload is None:
+        step.plan.create.append(
+            workload_builder.workload(
+                step.name,
+                step.namespace,
+                step.uid,
+                spec,
+                queue,
+                view.workload_priority if wanted_class else view.priority,
+                image,
+                view.api_version,
+                wanted_class,
+            )
+        )
+    elif workload.deleting:
+        pass
+    elif _stale(workload, step, spec, image):
+        step.plan.workload_patches.append(
+            WorkloadPatch(
+                workload.name,
+                {"apiVersion": workload.manifest.get("apiVersion", workload_builder.KUEUE_API)},
+                delete_uid=str(workload.metadata.get("uid") or ""),
+            )
+        )
+        step.set_condition(
+            r.CONDITION_CREATED,
+            False,
+            r.REASON_WORKLOAD_REPLACED,
+            f"the job's pod sets changed while Workload {workload.name} waited: "
+            "it is replaced by a new one",
+        )
+    else:
+        return workload
+    _mirror(step, None)
+    step.set_phase(c.PHASE_PENDING)
+    return None
+
+
+def _deactivated_while_waiting(workload: ObservedWorkload, live: list[ObservedPod]) -> bool:
+    """Kueue marks every deactivated Workload Evicted, even one that never ran
+    (a job suspended while it waited, now resumed): nothing to stop, it waits.
+    One someone else deactivated still shows as evicted (Kueue's reason)."""
+    reason = str((workload.condition(r.WORKLOAD_EVICTED) or {}).get("reason") or "")
+    return (
+        reason.startswith(r.WORKLOAD_DEACTIVATED)  # 0.10: also "DeactivatedDueTo<reason>"
+        and (workload.active or bool(workload.annotation(workload_builder.SUSPENDED_ANNOTATION)))
+        and not workload.has_reservation
+        and not live
+    )
+
+
+def _stale(workload: ObservedWorkload, step: Pass, spec: TrainingJobSpec, image: str) -> bool:
+    """The Workload no longer matches the job and may still be replaced. One
+    without the hash (an older operator's) is kept as it is."""
+    recorded = workload.annotation(workload_builder.POD_SETS_HASH_ANNOTATION)
+    if recorded is None or workload.has_reservation:
+        return False
+    wanted = workload_builder.pod_sets(step.name, step.namespace, step.uid, spec, image)
+    return recorded != workload_builder.pod_sets_hash(wanted)
+
+
+def _activate(step: Pass, workload: ObservedWorkload, active: bool) -> None:
+    step.plan.workload_patches.append(
+        WorkloadPatch(workload.name, workload_builder.activation(workload.manifest, active))
+    )
+
+
+def suspended(
+    step: Pass, spec: TrainingJobSpec, queue: str, pods: list[ObservedPod], image: str
+) -> None:
+    """A queued job suspended: its Workload is deactivated (kept, so it keeps its
+    place: Kueue orders by creation time), and made inactive if it is new.
+    Deactivated while admitted, Kueue evicts it; once the pods are gone the
+    quota goes back, as jobframework hands back an evicted Workload's."""
+    view = step.observed.kueue or KueueView(installed=False)
+    if not view.installed:
+        return
+    workload = _current_workload(step, spec, queue, view, image)
+    if workload is None:
+        return
+    if workload.active:
+        _activate(step, workload, False)
+    _mirror(step, workload)
+    if workload.evicted and not pods and workload.has_reservation:
+        _hand_back(step, workload)
+
+
+def _hand_back(step: Pass, workload: ObservedWorkload) -> None:
+    step.plan.workload_patches.append(
+        WorkloadPatch(
+            workload.name,
+            admission.clear_reservation(workload, step.stamp),
+            admission.ADMISSION_FIELD_MANAGER,
+        )
+    )
+
+
+def _no_topology(step: Pass, message: str) -> None:
+    step.set_phase(c.PHASE_PENDING)
+    step.set_condition(r.CONDITION_CREATED, False, r.REASON_WAITING_FOR_TOPOLOGY, message)
 
 
 def _mirror(step: Pass, workload: ObservedWorkload | None) -> None:
@@ -107,23 +228,25 @@ def _evicted(
     step.set_phase(c.PHASE_PENDING)
     step.delete_pods(live)
     if not pods and workload.has_reservation:
-        step.plan.workload_patches.append(
-            WorkloadPatch(
-                workload.name,
-                admission.clear_reservation(workload, step.stamp),
-                admission.ADMISSION_FIELD_MANAGER,
-            )
-        )
+        _hand_back(step, workload)
 
 
 def place(step: Pass, placement: dict[str, admission.PodSetInfo]) -> None:
-    """Puts the admitted flavors' nodeSelector and tolerations on the pods to create."""
+    """Puts the admitted flavors' nodeSelector and tolerations (and, admitted by
+    TAS, each pod's domain) on the pods to create."""
     step.plan.create = [
-        admission.apply_pod_set_info(m, placement[role])
+        admission.apply_pod_set_info(m, placement[role], _index_in_pod_set(m, role))
         if m["kind"] == "Pod" and (role := m["metadata"]["labels"].get(ROLE_LABEL, "")) in placement
         else m
         for m in step.plan.create
     ]
+
+
+def _index_in_pod_set(pod: dict[str, Any], role: str) -> int:
+    """The pod's place in its role's PodSet: the master is the master set's
+    only pod, worker k (node rank k + 1) the worker set's k-th."""
+    rank = int(pod["metadata"]["labels"][NODE_RANK_LABEL])
+    return rank if role == names.MASTER_ROLE else rank - 1
 
 
 def admitted_size(step: Pass, spec: TrainingJobSpec) -> TrainingJobSpec:

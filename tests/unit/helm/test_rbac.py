@@ -28,8 +28,9 @@ NAMESPACED_GRANTS = (
     | _grants("", resources=("pods",), verbs="list watch create delete")
     | _grants("", resources=("services", "persistentvolumeclaims"), verbs="list watch create")
     | _grants("", resources=("events",), verbs="create")
-    # Kueue: a queued job's Workload (created, watched, status applied).
-    | _grants("kueue.x-k8s.io", resources=("workloads",), verbs="list watch create")
+    # Kueue: a queued job's Workload (created, watched, status applied,
+    # spec.active patched for suspend, replaced when the job changed waiting).
+    | _grants("kueue.x-k8s.io", resources=("workloads",), verbs="list watch create patch delete")
     | _grants("kueue.x-k8s.io", resources=("workloads/status",), verbs="patch")
 )
 PODGROUP_GRANTS = {
@@ -47,7 +48,11 @@ CLUSTER_GRANTS = (
     _grants("", resources=("nodes",), verbs="list watch")
     | _grants("apiextensions.k8s.io", resources=("customresourcedefinitions",), verbs="list watch")
     # Kueue: admitted flavors' placement, and the priority a Workload carries.
-    | _grants("kueue.x-k8s.io", resources=("resourceflavors",), verbs="list watch")
+    | _grants(
+        "kueue.x-k8s.io",
+        resources=("resourceflavors", "workloadpriorityclasses"),
+        verbs="list watch",
+    )
     | _grants("scheduling.k8s.io", resources=("priorityclasses",), verbs="list watch")
 )
 # Leader election, in the release namespace only: its one Lease read and
