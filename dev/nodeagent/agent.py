@@ -24,7 +24,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from . import network
+from . import network, runtime
 from . import node as nodes
 from .cgroups import THROTTLE_ANNOTATION, CgroupRoot, parse_throttle
 from .hosts import PeerAddress, peer_at, peer_from_pod, render_hosts
@@ -220,7 +220,11 @@ class Agent:
             network.delete_pod_network(stale)
         self.bridge.remove()
         self.cgroups.remove_all()
-        for path in sorted(self.created_mountpoints, key=len, reverse=True):
+        # Not one that a pod of another agent on this machine (another test
+        # session, a demo) has a volume mounted on: removing it would take
+        # that volume away from under the pod.
+        in_use = runtime.mount_points_in_use(self.created_mountpoints)
+        for path in sorted(self.created_mountpoints - in_use, key=len, reverse=True):
             with contextlib.suppress(OSError):
                 # A file it created to bind one over (a termination message path).
                 os.unlink(path) if os.path.isfile(path) else os.rmdir(path)
