@@ -316,7 +316,10 @@ class Agent:
         for uid, runner in list(self.runners.items()):
             current = mine.get(uid)
             if uid in self.silent:
-                self._forget_when_gone(runner, current)
+                if runner.node.node_name in self.dead_nodes:
+                    self._forget_when_gone(runner, current)
+                else:
+                    self._fail_after_boot(runner, current)
                 continue
             if current is None or current["metadata"].get("deletionTimestamp"):
                 self._finish(runner, current)
@@ -368,9 +371,9 @@ class Agent:
                 self._die(name)
             elif not wanted and name in dead:
                 dead.discard(name)
-                self._boot(name)
                 self.dead_nodes = frozenset(dead)
                 self._heartbeat_soon.set()
+                log.warning("node %s is back (empty)", name)
 
     def _die(self, name: str) -> None:
         """The node dies as a machine does: each pod's network, then its
@@ -386,37 +389,34 @@ class Agent:
     def _forget_when_gone(self, runner: PodRunner, pod: dict[str, Any] | None) -> None:
         """A dead node's pod: its leftovers (network namespace, cgroups, address)
         go when its API object does, as a machine's do when it is replaced."""
+        if pod is None:
+            self._forget(runner)
+            log.info("pod %s of a dead node is gone from the API", runner.key)
+
+    def _fail_after_boot(self, runner: PodRunner, pod: dict[str, Any] | None) -> None:
+        """A pod that died with its node, the node booted again: marked Failed,
+        as a kubelet that finds it gone does (tried again next pass if the API
+        refuses), then forgotten."""
         if pod is not None:
-            return
+            meta = pod["metadata"]
+            failed = {
+                "phase": "Failed",
+                "reason": "NodeRestarted",
+                "message": f"node {runner.node.node_name} died with this pod on it",
+            }
+            try:
+                self.kube.patch_pod_status(meta["namespace"], meta["name"], failed)
+            except ApiException as error:
+                if error.status != 404:
+                    log.warning("pod %s: not marked Failed yet: %s", runner.key, error)
+                    return
+        self._forget(runner)
+
+    def _forget(self, runner: PodRunner) -> None:
         runner.stop(0)
         runner.teardown()
         del self.runners[runner.uid]
         self.silent.discard(runner.uid)
-        log.info("pod %s of a dead node is gone from the API", runner.key)
-
-    def _boot(self, name: str) -> None:
-        """The node comes back empty, as after a reboot: the pods that died
-        with it and still exist are marked Failed, as a kubelet that finds
-        them gone does; pods bound to it afterwards start as usual."""
-        for uid, runner in list(self.runners.items()):
-            if runner.node.node_name != name or uid not in self.silent:
-                continue
-            meta = runner.pod["metadata"]
-            with contextlib.suppress(ApiException):
-                self.kube.patch_pod_status(
-                    meta["namespace"],
-                    meta["name"],
-                    {
-                        "phase": "Failed",
-                        "reason": "NodeRestarted",
-                        "message": f"node {name} died with this pod on it",
-                    },
-                )
-            runner.stop(0)
-            runner.teardown()
-            del self.runners[uid]
-            self.silent.discard(uid)
-        log.warning("node %s is back (empty)", name)
 
     def _admit(self, pod: dict[str, Any], pods: Mapping[str, dict[str, Any]]) -> None:
         """Starts a pod new to this node; a pod that is already terminal,

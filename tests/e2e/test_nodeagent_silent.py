@@ -3,7 +3,8 @@
 there gets no reset and no FIN, only silence; the node's Lease is no longer
 renewed; its pod's processes are gone while the pod object still says
 Running; a deletion is never confirmed, a force-deletion frees what the pod
-held on this machine; and the node boots again empty and runs new pods.
+held on this machine; and the node boots again empty: a pod that died there
+and still exists is marked Failed, and new pods run.
 """
 
 from __future__ import annotations
@@ -95,7 +96,10 @@ def test_a_silent_node_leaves_its_peers_waiting_and_its_pods_unconfirmed(
     cluster, namespace, node_agent
 ):
     live, dying = E2E_NODES
+    sleeper = python_pod("sleeper", "import time; time.sleep(600)")
     apply(cluster, namespace, on_node(python_pod("server", ECHO_SERVER), dying))
+    apply(cluster, namespace, on_node(sleeper, dying))
+    sleeper_uid = wait_phase(cluster, namespace, "sleeper", {"Running"})["metadata"]["uid"]
     server = wait_phase(cluster, namespace, "server", {"Running"})
     server_uid, server_ip = server["metadata"]["uid"], server["status"]["podIP"]
     client = python_pod("client", PINGING_CLIENT, container={"args": [server_ip]})
@@ -105,7 +109,10 @@ def test_a_silent_node_leaves_its_peers_waiting_and_its_pods_unconfirmed(
     assert netns is not None and procs.pod_processes(server_uid)
 
     with silent_node(cluster, dying):
-        wait_for("the server's processes killed", lambda: not procs.pod_processes(server_uid))
+        wait_for(
+            "the dead node's pods' processes killed",
+            lambda: not procs.pod_processes(server_uid) + procs.pod_processes(sleeper_uid),
+        )
         died_at = datetime.now().astimezone()
         # Its network went first: the pod's eth0 is gone, the namespace kept.
         links = subprocess.run(["ip", "-n", netns, "-o", "link"], capture_output=True, text=True)
@@ -135,7 +142,10 @@ def test_a_silent_node_leaves_its_peers_waiting_and_its_pods_unconfirmed(
         cluster.kubectl("delete", "pod", "server", "-n", namespace, "--grace-period=0", "--force")
         wait_for("the dead pod's network freed", lambda: network.find_netns(server_uid) is None)
 
-    # Booted again (the fixture waited for Ready): it runs pods as before.
+    # Booted again (the fixture waited for Ready): what died there is Failed,
+    # and it runs pods as before.
+    rebooted = wait_phase(cluster, namespace, "sleeper", {"Failed"}, timeout=30)["status"]
+    assert rebooted["reason"] == "NodeRestarted", rebooted
     apply(cluster, namespace, on_node(python_pod("after", "print('up again')"), dying))
     after = wait_phase(cluster, namespace, "after", {"Succeeded", "Failed"})
     assert after["status"]["phase"] == "Succeeded", after["status"]
