@@ -1,11 +1,12 @@
 """The node agent: a kubelet stand-in that runs pods as local processes.
 
 Threads: two keep caches from a list+watch (every pod; the agent's own Node
-objects, for their CPU throttle annotation), one renews the nodes' Leases and
-status, one provisions volumes, and the main loop reconciles: it starts pods
-bound to its nodes, polls their processes, applies the nodes' CPU throttle to
-their cgroups, writes their status back, refreshes each pod's /etc/hosts, and
-stops and removes pods being deleted.
+objects, for their CPU throttle and silent-death annotations), one renews the
+nodes' Leases and status, one provisions volumes, and the main loop
+reconciles: it starts pods bound to its nodes, polls their processes, applies
+the nodes' CPU throttle to their cgroups, kills the nodes asked to die,
+writes their status back, refreshes each pod's /etc/hosts, and stops and
+removes pods being deleted.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from . import network
+from . import network, runtime
 from . import node as nodes
 from .cgroups import THROTTLE_ANNOTATION, CgroupRoot, parse_throttle
 from .hosts import PeerAddress, peer_at, peer_from_pod, render_hosts
@@ -116,7 +117,13 @@ class Agent:
         # The CPU throttle each node's annotation last asked for (1.0: none).
         self.throttles: dict[str, float] = {}
         self.bad_throttles: dict[str, str] = {}
+        # Nodes dead by their silent-death annotation (no heartbeat), and the
+        # pods that died with them: never ticked, reported or confirmed deleted.
+        self.dead_nodes: frozenset[str] = frozenset()
+        self.bad_deaths: dict[str, str] = {}
+        self.silent: set[str] = set()
         self.stopping = threading.Event()
+        self._heartbeat_soon = threading.Event()
         self.runners: dict[str, PodRunner] = {}
         self.reported: dict[str, str] = {}
         self.finishing: dict[str, threading.Thread] = {}
@@ -196,6 +203,7 @@ class Agent:
         network, and with ``delete_nodes`` removes the Node objects so the
         scheduler stops placing pods where nothing runs them."""
         self.stopping.set()
+        self._heartbeat_soon.set()
         for runner in list(self.runners.values()):
             runner.stop(grace_seconds=5)
             runner.teardown()
@@ -212,7 +220,11 @@ class Agent:
             network.delete_pod_network(stale)
         self.bridge.remove()
         self.cgroups.remove_all()
-        for path in sorted(self.created_mountpoints, key=len, reverse=True):
+        # Not one that a pod of another agent on this machine (another test
+        # session, a demo) has a volume mounted on: removing it would take
+        # that volume away from under the pod.
+        in_use = runtime.mount_points_in_use(self.created_mountpoints)
+        for path in sorted(self.created_mountpoints - in_use, key=len, reverse=True):
             with contextlib.suppress(OSError):
                 # A file it created to bind one over (a termination message path).
                 os.unlink(path) if os.path.isfile(path) else os.rmdir(path)
@@ -249,7 +261,12 @@ class Agent:
     # ---- heartbeats ------------------------------------------------------------------
 
     def _heartbeats(self) -> None:
-        while not self.stopping.wait(HEARTBEAT_SECONDS):
+        while not self.stopping.is_set():
+            # A node booted again posts Ready at once, not up to 10 s later.
+            self._heartbeat_soon.wait(HEARTBEAT_SECONDS)
+            self._heartbeat_soon.clear()
+            if self.stopping.is_set():
+                return
             try:
                 self._heartbeat()
             except Exception as error:
@@ -264,6 +281,8 @@ class Agent:
 
     def _heartbeat(self) -> None:
         for name in self.config.node_names:
+            if name in self.dead_nodes:
+                continue
             lease = nodes.lease_manifest(name, self.node_uids[name], LEASE_SECONDS)
             self.kube.renew_lease(lease, nodes.lease_renewal())
             status = nodes.node_status(
@@ -284,16 +303,24 @@ class Agent:
     def reconcile(self) -> None:
         pods = self.pods.snapshot()
         self._read_throttles()
+        self._read_deaths()
         mine = {
             uid: pod
             for uid, pod in pods.items()
             if (pod.get("spec") or {}).get("nodeName") in self.contexts
         }
         for uid, pod in mine.items():
-            if uid not in self.runners and uid not in self.handled:
+            alive = pod["spec"]["nodeName"] not in self.dead_nodes
+            if alive and uid not in self.runners and uid not in self.handled:
                 self._admit(pod, pods)
         for uid, runner in list(self.runners.items()):
             current = mine.get(uid)
+            if uid in self.silent:
+                if runner.node.node_name in self.dead_nodes:
+                    self._forget_when_gone(runner, current)
+                else:
+                    self._fail_after_boot(runner, current)
+                continue
             if current is None or current["metadata"].get("deletionTimestamp"):
                 self._finish(runner, current)
                 continue
@@ -320,6 +347,76 @@ class Agent:
             if self.throttles.get(name, 1.0) != factor:
                 log.info("node %s: CPU throttle %s", name, factor)
             self.throttles[name] = factor
+
+    def _read_deaths(self) -> None:
+        """Kills the nodes newly annotated to die, and boots again those whose
+        annotation went; a bad value is an error in the log (once per value)."""
+        dead = set(self.dead_nodes)
+        for name, node in self.nodes.snapshot().items():
+            if name not in self.contexts:
+                continue
+            try:
+                wanted = nodes.silent_death_requested(node)
+            except ValueError as error:
+                value = str(error)
+                if self.bad_deaths.get(name) != value:
+                    log.error("node %s: %s; it stays up", name, error)
+                    self.bad_deaths[name] = value
+                wanted = False
+            else:
+                self.bad_deaths.pop(name, None)
+            if wanted and name not in dead:
+                dead.add(name)
+                self.dead_nodes = frozenset(dead)  # its heartbeats stop first
+                self._die(name)
+            elif not wanted and name in dead:
+                dead.discard(name)
+                self.dead_nodes = frozenset(dead)
+                self._heartbeat_soon.set()
+                log.warning("node %s is back (empty)", name)
+
+    def _die(self, name: str) -> None:
+        """The node dies as a machine does: each pod's network, then its
+        processes (pod.py, ``die_silently``); from now on the agent says
+        nothing about them (a deletion stays unconfirmed until someone
+        force-deletes the pod) and starts nothing there."""
+        for uid, runner in self.runners.items():
+            if runner.node.node_name == name and uid not in self.silent:
+                runner.die_silently()
+                self.silent.add(uid)
+        log.warning("node %s died silently (no heartbeat, pods' network and processes gone)", name)
+
+    def _forget_when_gone(self, runner: PodRunner, pod: dict[str, Any] | None) -> None:
+        """A dead node's pod: its leftovers (network namespace, cgroups, address)
+        go when its API object does, as a machine's do when it is replaced."""
+        if pod is None:
+            self._forget(runner)
+            log.info("pod %s of a dead node is gone from the API", runner.key)
+
+    def _fail_after_boot(self, runner: PodRunner, pod: dict[str, Any] | None) -> None:
+        """A pod that died with its node, the node booted again: marked Failed,
+        as a kubelet that finds it gone does (tried again next pass if the API
+        refuses), then forgotten."""
+        if pod is not None:
+            meta = pod["metadata"]
+            failed = {
+                "phase": "Failed",
+                "reason": "NodeRestarted",
+                "message": f"node {runner.node.node_name} died with this pod on it",
+            }
+            try:
+                self.kube.patch_pod_status(meta["namespace"], meta["name"], failed)
+            except ApiException as error:
+                if error.status != 404:
+                    log.warning("pod %s: not marked Failed yet: %s", runner.key, error)
+                    return
+        self._forget(runner)
+
+    def _forget(self, runner: PodRunner) -> None:
+        runner.stop(0)
+        runner.teardown()
+        del self.runners[runner.uid]
+        self.silent.discard(runner.uid)
 
     def _admit(self, pod: dict[str, Any], pods: Mapping[str, dict[str, Any]]) -> None:
         """Starts a pod new to this node; a pod that is already terminal,
@@ -418,8 +515,8 @@ class Agent:
 
     def _refresh_hosts(self, pods: Mapping[str, dict[str, Any]]) -> None:
         peers = self._peers(pods)
-        for runner in self.runners.values():
-            if runner.sandbox is None or runner.net is None:
+        for uid, runner in self.runners.items():
+            if runner.sandbox is None or runner.net is None or uid in self.silent:
                 continue
             own = peer_at(runner.pod, runner.net.ip)
             runner.sandbox.write_hosts(render_hosts(own, peers))

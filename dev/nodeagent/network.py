@@ -132,6 +132,21 @@ def delete_pod_network(netns: str) -> None:
     _ip("netns", "del", netns, check=False)
 
 
+def unplug_pod(netns: str) -> None:
+    """Takes the pod's eth0 (and its veth pair) away, leaving the namespace and
+    every socket in it. As a machine whose network went first: nothing the pod
+    sends leaves it (no route), and frames for its address find no port on the
+    bridge and are dropped (its neighbours' ARP goes unanswered), so a peer's
+    connection neither gets a reset nor a FIN; it waits, as on a dead host."""
+    _ip("-n", netns, "link", "del", "eth0", check=False)
+
+
+def netns_pids(netns: str) -> list[int]:
+    """Every process in the network namespace (``ip netns pids``)."""
+    out = _ip("netns", "pids", netns, check=False)
+    return [int(pid) for pid in out.stdout.split()]
+
+
 def stale_pod_networks(bridge: Bridge) -> list[str]:
     """Namespaces a previous agent on this bridge left behind (it was killed)."""
     out = _ip("netns", "list", check=False).stdout

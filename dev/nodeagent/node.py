@@ -21,6 +21,24 @@ def local_node_taint(session: str = DEFAULT_SESSION) -> dict[str, str]:
     return {"key": LOCAL_NODE_LABEL, "value": session, "effect": "NoSchedule"}
 
 
+# A fault injection: a node annotated `torchfleet.dev/silent-death=true` dies as
+# a machine does (agent.py, `Agent._die`): its pods' network goes, then their
+# processes, its heartbeats stop and nothing about its pods is reported or
+# confirmed again. Removing the annotation boots it again, empty.
+SILENT_DEATH_ANNOTATION = "torchfleet.dev/silent-death"
+
+
+def silent_death_requested(node: dict[str, Any]) -> bool:
+    """Whether the node's annotation asks it to be dead; a value other than
+    ``true`` is refused (ValueError), so that a typo never kills a node."""
+    value = (node["metadata"].get("annotations") or {}).get(SILENT_DEATH_ANNOTATION)
+    if value is None:
+        return False
+    if value != "true":
+        raise ValueError(f"{SILENT_DEATH_ANNOTATION}={value!r}: the only value is 'true'")
+    return True
+
+
 AGENT_VERSION = "v0.1.0-torchfleet-nodeagent"
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping
@@ -367,6 +370,20 @@ class PodRunner:
         for run in self.init_runs + self.runs:
             runtime.stop_container(run, grace_seconds)
             runtime.poll_container(run)  # its exit, for the last status report
+
+    def die_silently(self) -> None:
+        """As when the pod's machine dies: its network goes first (see
+        ``network.unplug_pod``), then every process of the pod is SIGKILLed,
+        so no peer sees a reset or a FIN. Nothing is reported: the agent no
+        longer ticks or reports this pod (its node is silent)."""
+        self.stopped = True
+        if self.net is None:
+            return
+        pids = network.netns_pids(self.net.netns)
+        network.unplug_pod(self.net.netns)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
     def teardown(self) -> None:
         """Frees the network, the pod's cgroups and volumes; logs stay for reading."""

@@ -4,11 +4,10 @@ demo that kill one rank to show a gang restart."""
 from __future__ import annotations
 
 import os
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .network import find_netns
+from .network import find_netns, netns_pids
 
 
 @dataclass(frozen=True)
@@ -23,9 +22,8 @@ def pod_processes(pod_uid: str) -> list[PodProcess]:
     netns = find_netns(pod_uid)
     if netns is None:
         return []
-    out = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True)
     found = []
-    for pid in (int(p) for p in out.stdout.split()):
+    for pid in netns_pids(netns):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
             ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])

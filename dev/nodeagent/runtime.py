@@ -13,6 +13,7 @@ import ctypes
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -173,6 +174,35 @@ def prepare_mountpoint(mount: Mount) -> bool:
     else:
         target.mkdir(parents=True)
     return True
+
+
+def mount_points_in_use(paths: set[str]) -> set[str]:
+    """Those of ``paths`` that something is mounted on in some mount namespace
+    of this machine (every process's, read from /proc). Removing such a path
+    here would detach that mount in the other namespace (the kernel does, since
+    3.18): a pod of another agent on this machine, which made the same mount
+    point, would see its volume vanish mid-run."""
+    namespaces: set[str] = set()
+    found: set[str] = set()
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            namespace = os.readlink(proc / "ns" / "mnt")
+            if namespace in namespaces:
+                continue
+            mountinfo = (proc / "mountinfo").read_text()
+        except OSError:
+            continue  # gone meanwhile, or a kernel thread
+        namespaces.add(namespace)
+        for line in mountinfo.splitlines():
+            fields = line.split()
+            target = _OCTAL_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), fields[4])
+            if target in paths:
+                found.add(target)
+    return found
+
+
+# mountinfo writes a space, tab, newline or backslash in a path as \ooo.
+_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
 
 
 def start_container(sandbox: PodSandbox, run: ContainerRun, cpu_throttle: float = 1.0) -> None:
