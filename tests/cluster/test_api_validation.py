@@ -17,6 +17,7 @@ from tests.unit.api.cases import (
     DEEPSPEED_ACCEPTED,
     ELASTIC_ACCEPTED,
     INVALID,
+    KNOBS_ACCEPTED,
     RICH_POD_SPEC,
     Invalid,
     Manifest,
@@ -71,6 +72,14 @@ def test_a_deepspeed_command_launching_its_own_node_is_accepted(
     id: str, spec: Manifest, trainingjobs: TrainingJobs, validation_namespace: str
 ) -> None:
     """The same commands the models accept (tests/unit/api/test_models.py)."""
+    assert trainingjobs.admit(validation_namespace, job(id, spec)) is None
+
+
+@pytest.mark.parametrize(("id", "spec"), KNOBS_ACCEPTED, ids=[i for i, _ in KNOBS_ACCEPTED])
+def test_a_template_may_set_the_trainers_knobs(
+    id: str, spec: Manifest, trainingjobs: TrainingJobs, validation_namespace: str
+) -> None:
+    """The same env names the models accept (tests/unit/api/test_models.py)."""
     assert trainingjobs.admit(validation_namespace, job(id, spec)) is None
 
 

@@ -71,6 +71,9 @@ LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 TORCHRUN_ENV_PREFIX = "PET_"
 TORCHFLEET_ENV_PREFIX = "TORCHFLEET_"
 RESERVED_ENV_PREFIXES = (TORCHRUN_ENV_PREFIX, TORCHFLEET_ENV_PREFIX)
+# ...except these, the trainer's tuning knobs: the operator never sets them, and
+# a pod template's env is where a job sets them (USER_ENV_NAMES, defined below
+# with their defaults).
 
 # torchfleet's own.
 JOB_NAME = "TORCHFLEET_JOB_NAME"
@@ -508,6 +511,16 @@ LOG_MAX_BYTES = "TORCHFLEET_LOG_MAX_BYTES"
 DEFAULT_LOG_KEEP_GENERATIONS = 5
 DEFAULT_LOG_MAX_BYTES = 8 * 1024 * 1024
 LOGS_SUBDIR = "logs"
+# The TORCHFLEET_* names a pod template may set itself (see RESERVED_ENV_PREFIXES):
+# everything under these prefixes is the trainer's tuning, never the operator's.
+USER_ENV_PREFIXES = ("TORCHFLEET_COLLECTIVE_", "TORCHFLEET_LOG_")
+USER_ENV_NAMES = (
+    COLLECTIVE_INIT_TIMEOUT,
+    COLLECTIVE_TRAIN_TIMEOUT,
+    LOG_KEEP_GENERATIONS,
+    LOG_MAX_BYTES,
+)
+assert all(name.startswith(USER_ENV_PREFIXES) for name in USER_ENV_NAMES)
 
 
 def kept_log_file(root: str, generation: int, round_: int, rank: int) -> str:

@@ -93,20 +93,26 @@ RESERVED_ENV_MESSAGE = (
     + ", ".join(f"{p}*" for p in contract.RESERVED_ENV_PREFIXES)
     + ", "
     + ", ".join(RESERVED_ENV_NAMES)
-    + "): the operator sets them"
+    + "): the operator sets them (the trainer's knobs, "
+    + ", ".join(f"{p}*" for p in contract.USER_ENV_PREFIXES)
+    + ", are yours to set)"
 )
 
 
 def is_reserved_env_name(name: str) -> bool:
+    if name.startswith(contract.USER_ENV_PREFIXES):
+        return False
     return name in RESERVED_ENV_NAMES or name.startswith(contract.RESERVED_ENV_PREFIXES)
 
 
 def _reserved_env_rule() -> dict[str, str]:
     names = ", ".join(f"'{name}'" for name in RESERVED_ENV_NAMES)
+    knobs = " || ".join(f"self.name.startsWith('{p}')" for p in contract.USER_ENV_PREFIXES)
     prefixes = " || ".join(f"self.name.startsWith('{p}')" for p in contract.RESERVED_ENV_PREFIXES)
-    # in / startsWith cost a constant per item, whatever the list and string sizes.
+    # in / startsWith cost a constant per item, whatever the list and string sizes
+    # (the API server's budget has no room for the knobs' names in the list).
     return {
-        "rule": f"!(self.name in [{names}] || {prefixes})",
+        "rule": f"{knobs} || !(self.name in [{names}] || {prefixes})",
         "message": RESERVED_ENV_MESSAGE,
         "fieldPath": ".name",
     }

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchfleet_operator.api import API_VERSION, KIND
+from torchfleet_trainer import contract
 
 Manifest = dict[str, Any]
 
@@ -667,6 +668,18 @@ INVALID: tuple[Invalid, ...] = (
     *ELASTIC_CASES,
     _case("name-too-long", "metadata.name", {}, name="j" * 49),
     _case("name-starts-with-digit", "metadata.name", {}, name="9lives"),
+)
+
+
+# The trainer's knobs under the reserved TORCHFLEET_ prefix that a template may
+# set (contract.USER_ENV_NAMES): both sides accept them, on the trainer and on a
+# sidecar. Each a (id, spec) pair.
+KNOBS_ACCEPTED: tuple[tuple[str, Manifest], ...] = tuple(
+    (
+        f"knob-{name.removeprefix('TORCHFLEET_').lower().replace('_', '-')}",
+        trainer_container(env=[{"name": name, "value": "30"}]),
+    )
+    for name in contract.USER_ENV_NAMES
 )
 
 

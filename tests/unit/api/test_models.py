@@ -16,6 +16,7 @@ from tests.unit.api.cases import (
     DEEPSPEED_ACCEPTED,
     ELASTIC_ACCEPTED,
     INVALID,
+    KNOBS_ACCEPTED,
     RICH_POD_SPEC,
     Invalid,
     Manifest,
@@ -238,6 +239,15 @@ def test_an_elastic_spec_within_its_bounds_is_accepted(id: str, spec: Manifest) 
     parsed = parse_training_job(job("tj-elastic", spec)).spec
     assert parsed.elastic is not None
     assert parsed.elastic.min_nodes <= parsed.nodes <= parsed.elastic.max_nodes
+
+
+@pytest.mark.parametrize(("id", "spec"), KNOBS_ACCEPTED, ids=[i for i, _ in KNOBS_ACCEPTED])
+def test_a_template_may_set_the_trainers_knobs(id: str, spec: Manifest) -> None:
+    wanted = spec["worker"]["template"]["spec"]["containers"][0]["env"]
+    parsed = parse_training_job(job("tj-knob", spec)).spec
+    assert parsed.worker is not None and parsed.worker.template is not None
+    (container,) = parsed.worker.template.spec["containers"]
+    assert container["env"] == wanted
 
 
 @pytest.mark.parametrize(("id", "spec"), DEEPSPEED_ACCEPTED, ids=[i for i, _ in DEEPSPEED_ACCEPTED])
