@@ -252,7 +252,7 @@ class Pass:
             phase_now=new.get("phase"),
             gang_ended=ending and not holding,
             holding=holding,
-            in_place=None if ending else self._in_place_round(),
+            shown=None if ending else self._shown_round(),
             progress=progress,
             checkpoint_step=checkpoint,
             now=self.now,
@@ -268,28 +268,20 @@ class Pass:
         else:
             new["goodput"] = fraction
 
-    def _in_place_round(self) -> goodput.InPlaceRound | None:
-        """The round an in-place restart seen in this pass ended: the old round's
-        last progress, and the time from that scrape to the new round's training
-        (the trainer's train-phase start; this pass when it does not say)."""
-        if not self.plan.in_place_restarts:
+    def _shown_round(self) -> goodput.ShownRound | None:
+        """The scrape status.progress shows after this pass, with the in-place
+        round it comes from and its train-phase start; None without one."""
+        scraped = self.observed.progress
+        if self.phase != c.PHASE_RUNNING or not isinstance(scraped, dict):
             return None
-        old = self.old_status.get("progress")
-        old = old if isinstance(old, dict) else None
-        last_seen = parse_time((old or {}).get("updateTime"))
-        if last_seen is None:
-            return goodput.InPlaceRound(old, 0.0)
-        resumed = self.now
+        if scraped != self.status.get("progress"):  # not this gang's, or not accepted
+            return None
         health = self.observed.health
+        round_ = (health.in_place_restarts if health is not None else None) or 0
+        started = None
         if health is not None and health.phase == contract.PHASE_TRAIN:
             started = _unix_time(health.phase_started)
-            if started is not None:
-                resumed = max(last_seen, min(self.now, started))
-        return goodput.InPlaceRound(
-            old,
-            max(0.0, (resumed - last_seen).total_seconds()),
-            max(0.0, (self.now - resumed).total_seconds()),
-        )
+        return goodput.ShownRound(round_, scraped, started)
 
     def _ended_master_runs(self) -> bool:
         """A master of a gang that ended still runs: preempted, its trainer saves

@@ -125,12 +125,23 @@ def pod_uids(cluster: Any, namespace: str) -> dict[str, str]:
 
 def restart_in_place(
     cluster: Any, agent: NodeAgent, job_driver: Any, namespace: str, pod: str
-) -> tuple[dict[str, Any], str]:
+) -> tuple[dict[str, Any], str, float]:
     """Kills ``pod``'s training process; (the status that counts the in-place
-    restart, the killed rank)."""
+    restart, the killed rank, when it was killed)."""
     uids = pod_uids(cluster, namespace)
     victim = training_process(uids[pod])
     rank = rank_of(victim)
+    # Held first (the gang waits for it in its next all-reduce) until the
+    # operator has seen the round step: it cannot date a failure that comes
+    # before its first scrape, and an idle machine gets here before that.
+    procs.kill(victim, signal.SIGSTOP)
+    job_driver.wait_for(
+        "a step of the first round in status",
+        lambda: (get_job(cluster, namespace, NAME)["status"].get("progress") or {}).get("step"),
+        timeout=60,
+        interval=0.2,
+    )
+    killed_at = time.time()
     procs.kill(victim, signal.SIGKILL)
     status = job_driver.wait_for(
         "the in-place restart in status",
@@ -139,7 +150,7 @@ def restart_in_place(
     )
     # No gang restart: the same pods, none new.
     assert pod_uids(cluster, namespace) == uids
-    return status, rank
+    return status, rank, killed_at
 
 
 def test_a_killed_rank_restarts_in_place_then_a_throttled_node_is_left(
@@ -169,8 +180,7 @@ def test_a_killed_rank_restarts_in_place_then_a_throttled_node_is_left(
         )
 
         # 1. A rank killed: restarted in place.
-        killed_at = time.time()
-        in_place, killed_rank = restart_in_place(
+        in_place, killed_rank, killed_at = restart_in_place(
             cluster, node_agent, job_driver, namespace, f"{NAME}-worker-1"
         )
         counted_after = time.time() - killed_at

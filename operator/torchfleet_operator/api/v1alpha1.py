@@ -1087,6 +1087,17 @@ class GangAccounting(StatusModel):
         "its grace period decides the step the next gang resumes from, so its lost time and "
         "the progress reset wait for it.",
     )
+    in_place_round: int | None = Field(
+        None,
+        ge=0,
+        description="The in-place round (runPolicy.inPlaceRestarts) this account's time is "
+        "the gang's in: a scrape from a later round ends this one.",
+    )
+    last_step: int | None = Field(None, ge=0, description="The round's last step a scrape showed.")
+    last_step_time: datetime | None = Field(None, description="When that scrape was taken.")
+    last_save_seconds: float | None = Field(
+        None, ge=0, description="The round's time blocked saving, as that scrape showed."
+    )
 
 
 class TimeAccounting(StatusModel):

@@ -25,11 +25,15 @@ period) the gang is marked ending and settled only once the master is gone,
 against the newest save then known.
 
 An in-place restart (runPolicy.inPlaceRestarts) ends a round, not the gang's
-pods: the phase stays Running throughout, so the time from the old round's
-last scrape to the new round's first step is moved from running to
-restarting, and the old round is settled as a gang would be (its steps past
-the checkpoint are recomputed time; the next round counts from the
-checkpoint it resumed from).
+pods: the phase stays Running throughout. The account remembers the round it
+counts and that round's last scraped step (``gang.inPlaceRound``,
+``lastStep``, ``lastStepTime``); the first scrape from a later round moves the
+time from that last step to the new round's training start from running to
+restarting, and settles the old round as a gang would be settled (its steps
+past the checkpoint are recomputed time; the next round counts from the
+checkpoint it resumed from). From the account alone, so it happens once
+whichever pass first shows the new round, and an operator restart changes
+nothing.
 
 To keep status writes rare, a pass that changes nothing else flushes only
 every FLUSH_SECONDS (a flush is a status write, whose watch event is a pass).
@@ -60,12 +64,12 @@ RUNNING_PARTS = ("productiveSeconds", "recomputedSeconds", "checkpointSeconds")
 
 
 @dataclass(frozen=True)
-class InPlaceRound:
-    """A round that ended by an in-place restart, seen in this pass."""
+class ShownRound:
+    """The scrape status.progress shows after this pass, and its in-place round."""
 
-    progress: dict[str, Any] | None  # the old round's last scraped progress
-    restart_seconds: float  # its last scrape until the new round trained again
-    resumed_seconds: float = 0.0  # the new round's training until this pass
+    round: int  # the launchers' in-place restarts in this gang (0: none)
+    progress: dict[str, Any]  # step, checkpointSaveSeconds, updateTime
+    train_started: datetime | None = None  # the trainer's train phase began
 
 
 def _seconds(raw: Any) -> float:
@@ -98,6 +102,7 @@ def fresh(start: datetime, checkpoint_step: int | None) -> dict[str, Any]:
 
 def _gang(checkpoint_step: int | None, checkpoint_seconds_before: float) -> dict[str, Any]:
     return {
+        "inPlaceRound": 0,  # a new gang's launchers count from 0
         "startStep": checkpoint_step or 0,
         "runningSeconds": 0,
         "checkpointSecondsBefore": _round(checkpoint_seconds_before),
@@ -140,7 +145,7 @@ def account(
     phase_now: str | None,
     gang_ended: bool,
     holding: bool = False,
-    in_place: InPlaceRound | None = None,
+    shown: ShownRound | None = None,
     progress: dict[str, Any] | None,
     checkpoint_step: int | None,
     now: datetime,
@@ -152,7 +157,8 @@ def account(
     ``gang_ended`` settles the gang that ended (its lost time is counted);
     ``holding`` marks it ending instead: its master still runs, and the save it
     may make decides what was lost, so settling waits for it.
-    ``in_place`` settles a round an in-place restart ended (the module docstring).
+    ``shown`` is the scrape this pass's status shows: a later in-place round than
+    the account's settles the one it counted (the module docstring).
     ``progress`` is this pass's, before any reset (its checkpointSaveSeconds
     is the gang's, its step the gang's last seen); ``checkpoint_step`` the
     newest complete checkpoint; ``created`` the job's creationTimestamp (a
@@ -168,9 +174,10 @@ def account(
     assert until is not None
     now = max(now, until)  # a clock behind the last writer's adds nothing (and never subtracts)
     elapsed = (now - until).total_seconds()
+    in_place = _round_ended(previous.get("gang"), shown)
     due = (
         gang_ended
-        or in_place is not None
+        or in_place
         or (holding and not ending(previous))
         or status_changed
         or phase_now != phase_before
@@ -183,22 +190,29 @@ def account(
     gang = updated["gang"]
     if holding:
         gang["ending"] = True
-    if in_place is not None:
-        _restarting_in_place(updated, in_place)
-        progress = in_place.progress  # the round that ended is settled below
+    resumed = 0.0
+    if in_place:
+        assert shown is not None
+        resumed = _restarting_in_place(updated, shown, now)
+        progress = {  # the round that ended, as its last scrape showed it
+            "step": gang.get("lastStep"),
+            "checkpointSaveSeconds": gang.get("lastSaveSeconds"),
+        }
     saving_now = min(
         _seconds((progress or {}).get("checkpointSaveSeconds")), _seconds(gang["runningSeconds"])
     )
-    if gang_ended or in_place is not None:
+    if gang_ended or in_place:
         updated["recomputedSeconds"] = _round(
             _seconds(updated.get("recomputedSeconds"))
             + recomputed_seconds(gang, progress, checkpoint_step)
         )
         before = _seconds(gang.get("checkpointSecondsBefore")) + saving_now
         updated["gang"] = gang = _gang(checkpoint_step, before)
-        if in_place is not None:  # the new round has trained since it resumed
-            gang["runningSeconds"] = _round(_seconds(in_place.resumed_seconds))
+        if in_place:  # the new round has trained since it resumed
+            gang["runningSeconds"] = _round(resumed)
         saving_now = 0.0
+    if shown is not None and not gang_ended and not gang.get("ending"):
+        _remember_shown(gang, shown)
     updated["checkpointSeconds"] = _round(
         _seconds(gang.get("checkpointSecondsBefore")) + saving_now
     )
@@ -208,17 +222,45 @@ def account(
     return updated
 
 
-def _restarting_in_place(updated: dict[str, Any], in_place: InPlaceRound) -> None:
-    """Moves the restart's seconds from running to restarting, and leaves the
-    gang's running time the old round's alone (it is settled next). Never more
-    than was counted as running: that is all there is to move."""
+def _round_ended(stored: Any, shown: ShownRound | None) -> bool:
+    """The scrape shown comes from a later in-place round than the account counts."""
+    if shown is None or not isinstance(stored, dict) or stored.get("ending") is True:
+        return False
+    counted = _step(stored.get("inPlaceRound"))
+    # An account from before rounds were counted adopts the shown one, settling nothing.
+    return counted is not None and shown.round > counted
+
+
+def _restarting_in_place(updated: dict[str, Any], shown: ShownRound, now: datetime) -> float:
+    """Moves the restart's seconds (the old round's last step until the new
+    round's training start) from running to restarting, and leaves the gang's
+    running time the old round's alone (it is settled next); the new round's
+    running seconds since its start. Never more than was counted as running."""
     gang = updated["gang"]
+    last_step_at = parse_time(gang.get("lastStepTime"))
+    if last_step_at is None:  # the old round never showed a step: nothing to split
+        return 0.0
+    resumed_at = shown.train_started or now
+    resumed_at = max(last_step_at, min(now, resumed_at))
     running = _seconds(gang["runningSeconds"])
-    moved = min(_seconds(in_place.restart_seconds), running)
-    old_round = max(0.0, running - moved - _seconds(in_place.resumed_seconds))
-    gang["runningSeconds"] = _round(old_round)
+    moved = min((resumed_at - last_step_at).total_seconds(), running)
+    resumed = min((now - resumed_at).total_seconds(), running - moved)
+    gang["runningSeconds"] = _round(max(0.0, running - moved - resumed))
     updated["runningSeconds"] = _round(_seconds(updated["runningSeconds"]) - moved)
     updated["restartingSeconds"] = _round(_seconds(updated["restartingSeconds"]) + moved)
+    return resumed
+
+
+def _remember_shown(gang: dict[str, Any], shown: ShownRound) -> None:
+    """The round this account counts, and its last step as the scrape shows it."""
+    gang["inPlaceRound"] = max(shown.round, _step(gang.get("inPlaceRound")) or 0)
+    step = _step(shown.progress.get("step"))
+    taken = parse_time(shown.progress.get("updateTime"))
+    if step is None or taken is None:
+        return
+    gang["lastStep"] = step
+    gang["lastStepTime"] = timestamp(taken)
+    gang["lastSaveSeconds"] = _round(_seconds(shown.progress.get("checkpointSaveSeconds")))
 
 
 def _advanced(
@@ -238,6 +280,9 @@ def _advanced(
     }
     if known.get("ending") is True:
         gang["ending"] = True
+    for key in ("inPlaceRound", "lastStep", "lastStepTime", "lastSaveSeconds"):
+        if key in known:
+            gang[key] = known[key]
     if bucket == "runningSeconds":
         gang["runningSeconds"] = _round(gang["runningSeconds"] + elapsed)
     updated["gang"] = gang

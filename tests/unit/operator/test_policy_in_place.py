@@ -89,19 +89,26 @@ def test_launchers_get_the_budget_and_the_operators_exit_code_rule():
     assert contract.IN_PLACE_RESTARTS not in off and contract.RESTART_POLICY not in off
 
 
-def test_an_in_place_round_is_restart_time_and_its_steps_past_the_checkpoint_recomputed():
-    """The old round was last scraped at 100 s (step 40, checkpoint 30); the new
-    round trains from 120 s, and the pass that sees it runs at 130 s: 20 s were
-    restart time, a quarter of the old round's 100 s was recomputed, and the new
-    round has run 10 s from the checkpoint."""
-    old_progress = {"step": 40, "updateTime": stamp(100)}
+def account_counting_round_0(**gang: Any) -> dict[str, Any]:
+    """100 s of running in round 0 of gang 0, its last step 40 scraped at 100 s."""
     account = gp.fresh(at(0), 0) | {"until": stamp(100), "wallSeconds": 100}
     account |= {"runningSeconds": 100, "productiveSeconds": 100}
-    account["gang"] |= {"runningSeconds": 100}
-    status = running_status(
-        progress=old_progress,
+    account["gang"] |= {
+        "runningSeconds": 100,
+        "lastStep": 40,
+        "lastStepTime": stamp(100),
+        "lastSaveSeconds": 0,
+    } | gang
+    return account
+
+
+def new_round_pass(account: dict[str, Any], **status: Any) -> Any:
+    """The pass at 130 s that first shows round 1: training again since 120 s, at step 31."""
+    old_status = running_status(
+        progress={"step": 40, "updateTime": stamp(100)},
         lastCheckpoint={"step": 30, "time": stamp(90)},
         timeAccounting=account,
+        **status,
     )
     health = GangHealth(
         phase=contract.PHASE_TRAIN,
@@ -109,28 +116,65 @@ def test_an_in_place_round_is_restart_time_and_its_steps_past_the_checkpoint_rec
         in_place_restarts=1,
         in_place_reason="worker_killed",
     )
-    new_progress = {"step": 31, "updateTime": stamp(130)}
-    seen = observed(*gang("llm", 3), health=health, progress=new_progress)
-    decided = plan(job(status=status, runPolicy=POLICY), seen, at(130), CONFIG)
+    seen = observed(*gang("llm", 3), health=health, progress={"step": 31, "updateTime": stamp(130)})
+    return plan(job(status=old_status, runPolicy=POLICY), seen, at(130), CONFIG)
+
+
+def test_an_in_place_round_is_restart_time_and_its_steps_past_the_checkpoint_recomputed():
+    """The old round's last step was scraped at 100 s (step 40, checkpoint 30); the
+    new round trains from 120 s, and the pass that first shows it runs at 130 s:
+    20 s were restart time, a quarter of the old round's 100 s was recomputed, and
+    the new round has run 10 s from the checkpoint."""
+    decided = new_round_pass(account_counting_round_0())
     shown = decided.status["timeAccounting"]
     assert shown["wallSeconds"] == 130
     assert shown["restartingSeconds"] == 20
     assert shown["runningSeconds"] == 110
     assert shown["recomputedSeconds"] == 25  # 100 s x (40 - 30) / 40 steps
     assert shown["productiveSeconds"] == 85
-    assert shown["gang"] == {"startStep": 30, "runningSeconds": 10, "checkpointSecondsBefore": 0}
+    assert shown["gang"] | {"lastStepTime": None} == {
+        "inPlaceRound": 1,
+        "startStep": 30,
+        "runningSeconds": 10,
+        "checkpointSecondsBefore": 0,
+        "lastStep": 31,
+        "lastStepTime": None,
+        "lastSaveSeconds": 0,
+    }
     assert decided.status["goodput"] == round(85 / 130, 4)
     assert decided.status["progress"]["step"] == 31  # progress drops to the resumed round's
 
 
-def test_an_in_place_restart_without_a_train_phase_start_counts_until_the_pass():
-    old_progress = {"step": 40, "updateTime": stamp(100)}
-    account = gp.fresh(at(0), 0) | {"until": stamp(100), "wallSeconds": 100}
-    account |= {"runningSeconds": 100, "productiveSeconds": 100}
-    account["gang"] |= {"runningSeconds": 100}
-    status = running_status(progress=old_progress, timeAccounting=account)
+def test_a_round_is_settled_once_whichever_pass_shows_it_first():
+    """The next pass (or a restarted operator's) sees round 1 again: nothing moves."""
+    first = new_round_pass(account_counting_round_0())
+    again = dict(first.status)
+    health = GangHealth(phase=contract.PHASE_TRAIN, in_place_restarts=1)
+    progress = {"step": 35, "updateTime": stamp(135)}
+    seen = observed(*gang("llm", 3), health=health, progress=progress)
+    second = plan(job(status=again, runPolicy=POLICY), seen, at(135), CONFIG)
+    shown = second.status["timeAccounting"]
+    assert shown["restartingSeconds"] == 20 and shown["recomputedSeconds"] == 25
+    assert shown["gang"]["runningSeconds"] == 15 and shown["gang"]["lastStep"] == 35
+
+
+def test_an_account_from_before_rounds_were_counted_adopts_the_round_shown():
+    """An operator upgraded mid-run: its account has no inPlaceRound. Nothing is
+    settled on a guess; later rounds are counted from the one it adopts."""
+    account = account_counting_round_0()
+    del account["gang"]["inPlaceRound"]
+    decided = new_round_pass(account)
+    shown = decided.status["timeAccounting"]
+    assert shown["restartingSeconds"] == 0 and shown["recomputedSeconds"] == 0
+    assert shown["gang"]["inPlaceRound"] == 1
+
+
+def test_a_new_round_without_a_train_phase_start_counts_until_the_pass():
     hostile = GangHealth(phase=contract.PHASE_TRAIN, phase_started=1e300, in_place_restarts=1)
+    old_status = running_status(
+        progress={"step": 40, "updateTime": stamp(100)}, timeAccounting=account_counting_round_0()
+    )
     seen = observed(*gang("llm", 3), health=hostile, progress={"step": 1, "updateTime": stamp(130)})
-    decided = plan(job(status=status, runPolicy=POLICY), seen, at(130), CONFIG)
+    decided = plan(job(status=old_status, runPolicy=POLICY), seen, at(130), CONFIG)
     assert decided.status["timeAccounting"]["restartingSeconds"] == 30
     assert decided.status["timeAccounting"]["runningSeconds"] == 100

@@ -135,7 +135,12 @@ def test_a_restart_is_counted_in_the_time_accounting() -> None:
     # 300 steps in 100 s, 4 of them saving; the 100 steps past the checkpoint are lost.
     assert account["checkpointSeconds"] == 4
     assert account["recomputedSeconds"] == pytest.approx(96 * 100 / 300)
-    assert account["gang"] == {"startStep": 200, "runningSeconds": 0, "checkpointSecondsBefore": 4}
+    assert account["gang"] == {
+        "inPlaceRound": 0,
+        "startStep": 200,
+        "runningSeconds": 0,
+        "checkpointSecondsBefore": 4,
+    }
 
 
 def test_suspending_a_running_gang_also_shows_the_step_it_will_resume_from() -> None:
