@@ -294,7 +294,7 @@ def test_a_workload_priority_class_orders_two_queued_jobs(
     assert job_condition(job_driver, namespace, "low", "QuotaReserved")["status"] == "False"
 
 
-def test_a_suspended_job_keeps_its_place_and_suspended_when_admitted_hands_its_quota_back(
+def test_a_suspended_job_is_inactive_and_suspended_when_admitted_hands_its_quota_back(
     kueue, shared_operator, job_driver, kueue_objects, namespace
 ):
     flavor = kueue_objects.flavor("default")
@@ -302,25 +302,26 @@ def test_a_suspended_job_keeps_its_place_and_suspended_when_admitted_hands_its_q
     queue = kueue_objects.local_queue(namespace, "team-a", cq)
     job_driver.create(namespace, "first", gpu_job(queue))
     job_driver.wait_running_pods(namespace, "first", 1)
-    # "held" is queued suspended, before "next": its Workload is made inactive.
+    # "held" is queued suspended: its Workload is made inactive.
     job_driver.create(namespace, "held", {**gpu_job(queue), "suspend": True})
     held = job_driver.wait_for(
         "held's Workload", lambda: job_workload(job_driver, namespace, "held")
     )
     assert held["spec"]["active"] is False
-    job_driver.create(namespace, "next", gpu_job(queue))
-    job_driver.wait_for("next's Workload", lambda: job_workload(job_driver, namespace, "next"))
 
     job_driver.patch(namespace, "held", {"spec": {"suspend": False}})
     # Back in the queue: Kueue tries it (never before: it was made inactive).
     wait_short_of_quota(job_driver, namespace, "held")
     assert job_workload(job_driver, namespace, "held")["spec"].get("active") is not False
     job_driver.succeed_pod(namespace, "first-master-0")
-    # Same Workload, same place: held goes before next, which came later.
+    # The same Workload is admitted once the quota is free. (Whether it keeps
+    # its place ahead of a later job is Kueue's queue ordering, which may date a
+    # reactivated Workload from its reactivation: not asserted.)
     job_driver.wait_running_pods(namespace, "held", 1, timeout=90)
     job_driver.wait_phase(namespace, "held", "Running")
     assert job_workload(job_driver, namespace, "held")["metadata"]["uid"] == held["metadata"]["uid"]
-    assert job_driver.pods(namespace, "next") == []
+    job_driver.create(namespace, "next", gpu_job(queue))
+    wait_short_of_quota(job_driver, namespace, "next")
 
     # Suspended while admitted: the gang stops and the quota goes to next.
     job_driver.patch(namespace, "held", {"spec": {"suspend": True}})

@@ -105,11 +105,11 @@ def master_steps(agent: NodeAgent, namespace: str) -> list[dict[str, Any]]:
     ]
 
 
-def training_process(agent_pod_uid: str) -> procs.PodProcess:
-    (worker,) = [
+def training_processes(agent_pod_uid: str) -> list[procs.PodProcess]:
+    """The pod's training process (one per pod here), once it has started."""
+    return [
         p for p in procs.pod_processes(agent_pod_uid) if "torchfleet_trainer.worker" in p.cmdline
     ]
-    return worker
 
 
 def rank_of(process: procs.PodProcess) -> str:
@@ -124,12 +124,10 @@ def pod_uids(cluster: Any, namespace: str) -> dict[str, str]:
 
 
 def restart_in_place(
-    cluster: Any, agent: NodeAgent, job_driver: Any, namespace: str, pod: str
+    cluster: Any, job_driver: Any, namespace: str, uids: dict[str, str], victim: procs.PodProcess
 ) -> tuple[dict[str, Any], str, float]:
-    """Kills ``pod``'s training process; (the status that counts the in-place
+    """Kills the ``victim`` training process; (the status that counts the in-place
     restart, the killed rank, when it was killed)."""
-    uids = pod_uids(cluster, namespace)
-    victim = training_process(uids[pod])
     rank = rank_of(victim)
     # Held first (the gang waits for it in its next all-reduce) until the
     # operator has seen the round step: it cannot date a failure that comes
@@ -169,7 +167,16 @@ def test_a_killed_rank_restarts_in_place_then_a_throttled_node_is_left(
         )
         slow_node = next(node for node, pods in placed.items() if len(pods) == 1)
         assert slow_node in E2E_NODES
-        # From the trainer's log, faster than any scrape: unthrottled, the run takes seconds.
+        # The victim found first, so that it is held the moment there is a
+        # checkpoint to resume from (read from the trainer's log, faster than any
+        # scrape): unthrottled on an idle machine, the whole run takes seconds.
+        uids = pod_uids(cluster, namespace)
+        victim = job_driver.wait_for(
+            "worker-1's training process",
+            lambda: next(iter(training_processes(uids[f"{NAME}-worker-1"])), None),
+            timeout=120,
+            interval=0.05,
+        )
         job_driver.wait_for(
             "a checkpoint to resume from",
             lambda: any(
@@ -181,7 +188,7 @@ def test_a_killed_rank_restarts_in_place_then_a_throttled_node_is_left(
 
         # 1. A rank killed: restarted in place.
         in_place, killed_rank, killed_at = restart_in_place(
-            cluster, node_agent, job_driver, namespace, f"{NAME}-worker-1"
+            cluster, job_driver, namespace, uids, victim
         )
         counted_after = time.time() - killed_at
         logs = node_agent.claim_dir(namespace, f"{NAME}-checkpoint") / "logs" / "gen-0"
