@@ -41,8 +41,13 @@ _LOST = "_torchfleet_peer_lost"
 _ROUND_SIZE = "_torchfleet_round_size"
 
 
-def _participants(handler: Any) -> int:
-    return len(handler._state_holder.state.participants)
+def _participants(handler: Any) -> int | None:
+    """The round's participants as the handler last synced them; None where this
+    torch keeps them elsewhere (an instance attribute ``install`` cannot check)."""
+    try:
+        return len(handler._state_holder.state.participants)
+    except (AttributeError, TypeError):
+        return None
 
 
 def _next_rendezvous(original: Any) -> Any:
@@ -59,11 +64,12 @@ def _num_nodes_waiting(original: Any) -> Any:
     def num_nodes_waiting(self: Any) -> int:
         waiting = int(original(self))  # syncs the state: drops nodes past their heartbeat
         size = getattr(self, _ROUND_SIZE, None)
-        if size is None or _participants(self) >= size:
+        left = _participants(self)
+        if size is None or left is None or left >= size:
             return waiting
         if not getattr(self, _LOST, False):
             print(
-                f"torchfleet-train: a peer's heartbeat stopped ({_participants(self)} of the "
+                f"torchfleet-train: a peer's heartbeat stopped ({left} of the "
                 f"round's {size} nodes left): starting a new rendezvous round",
                 file=sys.stderr,
                 flush=True,

@@ -174,7 +174,7 @@ def account(
     assert until is not None
     now = max(now, until)  # a clock behind the last writer's adds nothing (and never subtracts)
     elapsed = (now - until).total_seconds()
-    in_place = _round_ended(previous.get("gang"), shown)
+    in_place = not ending(previous) and _round_ended(previous.get("gang"), shown)
     due = (
         gang_ended
         or in_place
@@ -224,7 +224,7 @@ def account(
 
 def _round_ended(stored: Any, shown: ShownRound | None) -> bool:
     """The scrape shown comes from a later in-place round than the account counts."""
-    if shown is None or not isinstance(stored, dict) or stored.get("ending") is True:
+    if shown is None or not isinstance(stored, dict):
         return False
     counted = _step(stored.get("inPlaceRound"))
     # An account from before rounds were counted adopts the shown one, settling nothing.
