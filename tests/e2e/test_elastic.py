@@ -1,21 +1,38 @@
-"""An elastic Shakespeare job through the operator loses a worker pod mid-run.
+"""An elastic Shakespeare job through the operator loses a worker's node mid-run.
 
 examples/shakespeare-elastic.yaml, a 1 + 2 job (one process per pod, elastic
 between 2 and 3 nodes, the global batch fixed by microBatchSize), runs as real
-processes under the node agent, for 150 of the example's 300 steps.
-After its first checkpoint, every process of one worker's container is
-SIGKILLed, as a lost node takes them. The operator replaces that worker alone
-(same name, new uid) while the gang is kept (restartCount stays 0); the
-survivors' agents re-rendezvous and train at world size 2, and the replacement
-joins a later round at world size 3 (its init container holds it until the
-survivors have stepped at 2: here it would otherwise make their first round).
-The job still ends below the Shakespeare test's validation-loss threshold.
+processes under the node agent, for 150 of the example's 300 steps, the master
+on one of the agent's two nodes and a worker on each. After its first
+checkpoint the node of the worker alone dies silently, as a machine does (the
+agent's silent-death annotation): its heartbeats stop, the pod's network goes
+before its processes, nothing is reset and no deletion is confirmed. The
+survivors, stuck in a collective on a peer that never answers, are not held for
+their collective timeout (set far longer than the test allows, through the
+pods' env, TORCHFLEET_COLLECTIVE_TRAIN_TIMEOUT_SECONDS): their launchers see
+the node's heartbeats stop (lost_peer.py), kill their stuck workers and meet
+again without it, and they train at world size 2; no restart is counted. The
+operator sees the node lost, force-deletes the pod and replaces that worker
+alone (same name, new uid) while the gang is kept (restartCount stays 0); once
+the node is back, the replacement joins a later round at world size 3 (its init
+container holds it until the survivors have stepped at 2, as make bench-elastic
+uses it). The job still ends below the Shakespeare test's validation-loss
+threshold.
+
+The survivors' training processes are held (SIGSTOP) from their first step at
+world size 2 until the replacement's trainer runs. Not for speed: on an idle
+machine the survivors finish their steps before the node is declared lost and
+the pod force-deleted (20 s grace, then 2 s here), and a replacement with no
+job left to join proves nothing. Their launchers are not held: they keep the
+rendezvous' heartbeats going, as they would while their workers compute.
 """
 
 from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +46,19 @@ from tests.e2e.test_training import (
     pod_uid,
     wait_job,
 )
-from tests.fixtures.e2e import NodeAgent, apply_objects
+from tests.fixtures.e2e import E2E_NODES, NodeAgent, apply_objects, silent_node
+from torchfleet_trainer import contract
 
 from nodeagent import procs  # isort: skip  (dev/ is put on the path by the fixtures)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.timeout(900)]
 
 NAME = "shakespeare-elastic"
+# The worker make bench-elastic kills (the e2e test loses the worker that is
+# alone on its node, either one).
 VICTIM = f"{NAME}-worker-1"
-PODS = (f"{NAME}-master-0", f"{NAME}-worker-0", VICTIM)
+WORKERS = (f"{NAME}-worker-0", VICTIM)
+PODS = (f"{NAME}-master-0", *WORKERS)
 # Half the example's 300: the loss comes after step 25 and the replacement is
 # back by about step 65 (make bench-elastic's runs); at 150 steps the validation
 # loss is still well below the threshold, and the tier is about 30 s shorter.
@@ -47,6 +68,17 @@ STEPS = 150
 # the survivors' first round (it would, being quick here), and puts it back
 # once the survivors have trained at world size 2.
 GATE = "workers-may-start"
+# The survivors' collective timeout once their steps are steady (the floor: 20 x
+# this job's step time is below it): far beyond ROUND_SECONDS, so a survivor
+# that waited for it fails the test.
+TRAIN_TIMEOUT = 300.0
+# What a first step at world size 2 may take after the loss: the node's missed
+# heartbeats (3 x 2 s), the rendezvous round (its 5 s last call for more
+# nodes), new processes start, load the checkpoint and step (16-19 s on 2 cores
+# with make test's load, 37-51 s at load 17). What it must catch: survivors that
+# wait for the collective timeout they agreed on (TRAIN_TIMEOUT) or gloo's 30
+# minutes. A wait for the replacement cannot end at all: the gate holds it.
+ROUND_SECONDS = 120.0
 
 
 def gated(template: dict[str, Any]) -> dict[str, Any]:
@@ -69,6 +101,25 @@ def elastic_shakespeare() -> dict[str, Any]:
     job = load_example("shakespeare-elastic.yaml")
     assert job["metadata"]["name"] == NAME
     gated(job["spec"]["worker"]["template"])
+    return job
+
+
+def a_worker_alone_and_quick_to_give_up(job: dict[str, Any]) -> dict[str, Any]:
+    """The job with its master on the agent's first node and one worker on each
+    node (a required pod anti-affinity between the workers), so that the other
+    node's death takes one worker and nothing else; and the short collective
+    timeout in every pod's env (one of the trainer's knobs a template may set)."""
+    spec = job["spec"]
+    spec["master"]["template"]["spec"]["nodeSelector"]["kubernetes.io/hostname"] = E2E_NODES[0]
+    workers = {"torchfleet.dev/job-name": NAME, "torchfleet.dev/role": "worker"}
+    apart = {"labelSelector": {"matchLabels": workers}, "topologyKey": "kubernetes.io/hostname"}
+    worker = spec["worker"]["template"]["spec"]
+    worker["affinity"] = {
+        "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [apart]}
+    }
+    timeout = {"name": contract.COLLECTIVE_TRAIN_TIMEOUT, "value": str(TRAIN_TIMEOUT)}
+    for role in ("master", "worker"):
+        spec[role]["template"]["spec"]["containers"][0].setdefault("env", []).append(timeout)
     return job
 
 
@@ -113,7 +164,7 @@ def test_a_lost_worker_is_replaced_alone_and_the_job_trains_through(
 ):
     with corpus_namespace(cluster, node_agent, e2e_operator, "e2e-elastic") as namespace:
         gate(node_agent, namespace).touch()
-        job = elastic_shakespeare()
+        job = a_worker_alone_and_quick_to_give_up(elastic_shakespeare())
         job["spec"]["trainer"]["training"]["steps"] = STEPS
         apply_objects(cluster, namespace, job)
         _lose_a_worker_and_finish(cluster, namespace, node_agent, job_driver.wait_for)
@@ -128,6 +179,15 @@ def _lose_a_worker_and_finish(
         logged = all_events(agent, namespace, "world") + all_events(agent, namespace, "step")
         return steps_at_world(size, [e for e in logged if e["time"] > after])
 
+    # One worker alone on the second node (placed at once, or never).
+    placed = wait_for(
+        "the job's three pods placed",
+        lambda: len(p := placement(cluster, namespace)) == len(PODS) and p,
+        timeout=60,
+    )
+    (victim,) = [pod for pod in WORKERS if placed[pod] != E2E_NODES[0]]
+    victim_node = placed[victim]
+    assert list(placed.values()).count(victim_node) == 1, placed
     # Full size first, and a checkpoint to resume from.
     wait_for(
         "a checkpoint saved at world size 3",
@@ -137,18 +197,35 @@ def _lose_a_worker_and_finish(
         ),
         timeout=420,
     )
-    old_uid = pod_uid(cluster, namespace, VICTIM)
+    old_uid = pod_uid(cluster, namespace, victim)
     gate(agent, namespace).unlink()
-    lost_at = time.time()
-    kill_container(old_uid)
-
-    shrunk = wait_for("steps at world size 2", lambda: steps_at(2, lost_at), timeout=300)
-    gate(agent, namespace).touch()
-    new_uid = wait_for(
-        "the replacement pod",
-        lambda: (uid := pod_uid_or_none(cluster, namespace, VICTIM)) != old_uid and uid,
-        timeout=300,
-    )
+    with ExitStack() as holding:
+        with silent_node(cluster, victim_node):
+            lost_at = time.time()
+            shrunk = wait_for("steps at world size 2", lambda: steps_at(2, lost_at), timeout=300)
+            survivors = [pod_uid(cluster, namespace, pod) for pod in PODS if pod != victim]
+            holding.enter_context(held(survivors))
+            # The dead node never confirmed the lost pod's deletion: the
+            # operator force-deleted it once the node was lost.
+            wait_for(
+                "the lost pod force-deleted",
+                lambda: pod_uid_or_none(cluster, namespace, victim) != old_uid,
+                timeout=120,
+            )
+            force_deleted_after = time.time() - lost_at
+        booted_after = time.time() - lost_at
+        gate(agent, namespace).touch()
+        new_uid = wait_for(
+            "the replacement pod",
+            lambda: (uid := pod_uid_or_none(cluster, namespace, victim)) != old_uid and uid,
+            timeout=300,
+        )
+        wait_for(
+            "the replacement's trainer running",
+            lambda: any("torchfleet-train" in p.cmdline for p in procs.pod_processes(new_uid)),
+            timeout=120,
+        )
+        replaced_after = time.time() - lost_at
     regrown = wait_for(
         "steps at world size 3 again", lambda: steps_at(3, shrunk[0]["time"]), timeout=300
     )
@@ -156,6 +233,7 @@ def _lose_a_worker_and_finish(
 
     assert job["status"]["phase"] == "Succeeded", job["status"]
     assert job["status"]["restartCount"] == 0, job["status"]  # no gang restart
+    assert job["status"].get("restarts", 0) == 0, job["status"]  # nor a failed round
     assert job["status"]["elastic"]["replacements"] == 1, job["status"]
     assert new_uid != old_uid
     # The survivors trained at 2 before the replacement's first step at 3, and
@@ -166,16 +244,56 @@ def _lose_a_worker_and_finish(
     assert (2, 3) in sizes and sizes[-1] == (3, 2), sizes
     # Two runs of the victim's name on the agent, the lost pod and its
     # replacement; one of each survivor, never restarted.
-    assert [len(agent.pod_dirs(namespace, pod)) for pod in PODS] == [1, 1, 2]
+    runs = {pod: len(agent.pod_dirs(namespace, pod)) for pod in PODS}
+    assert runs == {pod: 2 if pod == victim else 1 for pod in PODS}, runs
+    # The survivors left the silent peer behind within its heartbeats and one
+    # round, long before the collective timeout they agreed on.
+    tightened = [
+        e["seconds"]
+        for e in all_events(agent, namespace, "collective_timeout")
+        if e["time"] < lost_at
+    ]
+    assert tightened and tightened[-1] >= TRAIN_TIMEOUT, tightened
+    timeout = tightened[-1]
+    to_first_step = shrunk[0]["time"] - lost_at
+    assert to_first_step < ROUND_SECONDS, (to_first_step, timeout)
     evals = all_events(agent, namespace, "eval")
     assert evals and evals[-1]["step"] == total, evals[-3:]
     assert evals[-1]["val_loss"] < VAL_LOSS_THRESHOLD, evals[-1]
     print(
-        f"\nelastic e2e: loss -> first step at 2: {shrunk[0]['time'] - lost_at:.1f}s; "
+        f"\nelastic e2e (silent node, collective timeout {timeout:g}s): "
+        f"loss -> first step at 2: {to_first_step:.1f}s; "
+        f"-> lost pod force-deleted: {force_deleted_after:.1f}s; "
+        f"-> node back: {booted_after:.1f}s; -> replacement's trainer runs: {replaced_after:.1f}s; "
         f"-> first step at 3 again: {regrown[0]['time'] - lost_at:.1f}s"
     )
 
 
+@contextmanager
+def held(pod_uids: list[str]) -> Iterator[None]:
+    """The pods' training processes stopped (SIGSTOP) for the block, and
+    continued after it however it ended; their launchers keep running."""
+    stopped = [p for uid in pod_uids for p in procs.rank_processes(uid)]
+    assert stopped, "the survivors have no training processes to hold"
+    for process in stopped:
+        procs.kill(process, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for process in stopped:
+            with suppress(ProcessLookupError):  # its launcher killed it meanwhile
+                procs.kill(process, signal.SIGCONT)
+
+
+def placement(cluster: Any, namespace: str) -> dict[str, str]:
+    """Each bound pod's node."""
+    pods = cluster.get_json("pods", "-n", namespace)["items"]
+    return {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName")}
+
+
 def pod_uid_or_none(cluster: Any, namespace: str, name: str) -> str | None:
-    found = cluster.kubectl("get", "pod", name, "-n", namespace, "-o", "name", check=False)
-    return pod_uid(cluster, namespace, name) if found.returncode == 0 else None
+    """One read (a second could miss a pod deleted in between)."""
+    found = cluster.kubectl(
+        "get", "pod", name, "-n", namespace, "-o", "jsonpath={.metadata.uid}", check=False
+    )
+    return found.stdout.strip() or None if found.returncode == 0 else None
