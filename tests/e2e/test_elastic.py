@@ -104,20 +104,22 @@ def elastic_shakespeare() -> dict[str, Any]:
     return job
 
 
-def a_worker_alone_and_quick_to_give_up(job: dict[str, Any]) -> dict[str, Any]:
+def a_worker_alone_and_quick_to_give_up(
+    job: dict[str, Any], collective_timeout: float = TRAIN_TIMEOUT
+) -> dict[str, Any]:
     """The job with its master on the agent's first node and one worker on each
     node (a required pod anti-affinity between the workers), so that the other
-    node's death takes one worker and nothing else; and the short collective
-    timeout in every pod's env (one of the trainer's knobs a template may set)."""
+    node's death takes one worker and nothing else; and ``collective_timeout``
+    in every pod's env (one of the trainer's knobs a template may set)."""
     spec = job["spec"]
     spec["master"]["template"]["spec"]["nodeSelector"]["kubernetes.io/hostname"] = E2E_NODES[0]
-    workers = {"torchfleet.dev/job-name": NAME, "torchfleet.dev/role": "worker"}
+    workers = {"torchfleet.dev/job-name": job["metadata"]["name"], "torchfleet.dev/role": "worker"}
     apart = {"labelSelector": {"matchLabels": workers}, "topologyKey": "kubernetes.io/hostname"}
     worker = spec["worker"]["template"]["spec"]
     worker["affinity"] = {
         "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [apart]}
     }
-    timeout = {"name": contract.COLLECTIVE_TRAIN_TIMEOUT, "value": str(TRAIN_TIMEOUT)}
+    timeout = {"name": contract.COLLECTIVE_TRAIN_TIMEOUT, "value": str(collective_timeout)}
     for role in ("master", "worker"):
         spec[role]["template"]["spec"]["containers"][0].setdefault("env", []).append(timeout)
     return job

@@ -1,0 +1,124 @@
+"""A fixed gang loses a worker's node silently, as a machine dies, and does not hang.
+
+examples/shakespeare-ddp.yaml as a 1 + 2 gang of one process per pod (no
+in-place restarts: the default), its master on the agent's first node and a
+worker alone on the second, under a collective timeout of 600 s in every pod's
+env. After its first checkpoint the second node dies as a machine does (the
+agent's silent-death annotation: no heartbeat, the pod's network gone before
+its processes, nothing reset, no deletion confirmed). Its peers sit in a
+collective that will never complete; a fixed gang cannot train on without the
+rank, so what must happen is a gang restart, soon: the operator sees the node
+lost (the node controller's 20 s grace here), restarts the gang with reason
+NodeLost, force-deletes the pod its node will never confirm, and the next gang
+resumes from the checkpoint once the node is back. The seconds from the death
+to the new gang's first step are far below the collective timeout (and gloo's
+30 minutes), which is what the test must catch.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from tests.e2e.test_elastic import (
+    a_worker_alone_and_quick_to_give_up,
+    placement,
+    pod_uid_or_none,
+)
+from tests.e2e.test_training import corpus_namespace, events, load_example, pod_uid, wait_job
+from tests.fixtures.e2e import E2E_NODES, NodeAgent, apply_objects, silent_node
+
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.timeout(900)]
+
+NAME = "silent-gang"
+WORKERS = (f"{NAME}-worker-0", f"{NAME}-worker-1")
+PODS = (f"{NAME}-master-0", *WORKERS)
+CHECKPOINT_INTERVAL = 20
+STEPS = 60
+# Far beyond RECOVERY_SECONDS: a gang that waited for it fails the test.
+COLLECTIVE_TIMEOUT = 600.0
+# The death to the new gang's first step: the node declared lost (20 s grace),
+# the gang's pods deleted (the survivors' launchers stop at once; a worker stuck
+# in gloo ignores SIGTERM and its agent kills it after 30 s), the lost pod
+# force-deleted, the node back, the new gang started and resumed. 60-90 s on 2
+# cores with make test's load; the bound catches the collective timeout.
+RECOVERY_SECONDS = 300.0
+
+
+def silent_gang() -> dict[str, Any]:
+    job = load_example("shakespeare-ddp.yaml")
+    job["metadata"]["name"] = NAME
+    spec = job["spec"]
+    spec["processesPerNode"] = 1
+    spec["worker"]["replicas"] = 2
+    trainer = spec["trainer"]
+    trainer["training"] |= {"steps": STEPS, "globalBatchSize": 12, "logInterval": 2}
+    trainer["parallel"]["dataParallelReplicate"] = 3
+    trainer["checkpoint"]["interval"] = CHECKPOINT_INTERVAL
+    return a_worker_alone_and_quick_to_give_up(job, COLLECTIVE_TIMEOUT)
+
+
+def trainer_events(agent: NodeAgent, namespace: str, kind: str) -> list[dict[str, Any]]:
+    """One event kind from every run of every pod (rank 0 logs: the master's)."""
+    found = [
+        event
+        for pod in PODS
+        for log in agent.logs(namespace, pod, "trainer")
+        for event in events(log, kind)
+    ]
+    return sorted(found, key=lambda e: e["time"])
+
+
+def test_a_fixed_gang_on_a_silent_node_restarts_soon_and_resumes(
+    cluster, node_agent, e2e_operator, job_driver
+):
+    wait_for = job_driver.wait_for
+    with corpus_namespace(cluster, node_agent, e2e_operator, "e2e-silent") as namespace:
+        apply_objects(cluster, namespace, silent_gang())
+        placed = wait_for(
+            "the gang's three pods placed",
+            lambda: len(p := placement(cluster, namespace)) == len(PODS) and p,
+            timeout=60,
+        )
+        (victim,) = [pod for pod in WORKERS if placed[pod] != E2E_NODES[0]]
+        saved = wait_for(
+            "the first checkpoint",
+            lambda: trainer_events(node_agent, namespace, "checkpoint"),
+            timeout=420,
+        )[0]["step"]
+        old_uid = pod_uid(cluster, namespace, victim)
+        with silent_node(cluster, placed[victim]):
+            lost_at = time.time()
+            # The dead node never confirms the pod's deletion: the operator
+            # force-deletes it once the node is lost.
+            wait_for(
+                "the lost pod force-deleted",
+                lambda: pod_uid_or_none(cluster, namespace, victim) != old_uid,
+                timeout=RECOVERY_SECONDS,
+            )
+            force_deleted_after = time.time() - lost_at
+        resumed = wait_for(
+            "the new gang's first step",
+            lambda: [
+                e for e in trainer_events(node_agent, namespace, "step") if e["time"] > lost_at
+            ],
+            timeout=RECOVERY_SECONDS,
+        )[0]
+        job = wait_job(cluster, namespace, NAME, {"Succeeded", "Failed"}, timeout=300)
+
+        assert job["status"]["phase"] == "Succeeded", job["status"]
+        assert job["status"]["restartCount"] == 1, job["status"]
+        restarts = [e for e in job_driver.events(namespace, NAME) if e["reason"] == "NodeLost"]
+        assert restarts and victim in restarts[0]["message"], restarts
+        to_first_step = resumed["time"] - lost_at
+        assert to_first_step < RECOVERY_SECONDS, to_first_step
+        # The new gang resumed from a checkpoint saved before the death.
+        loads = [e for e in trainer_events(node_agent, namespace, "resumed") if e["time"] > lost_at]
+        assert loads and saved <= loads[0]["step"] < resumed["step"], (saved, loads, resumed)
+        print(
+            f"\nfixed gang, silent node (collective timeout {COLLECTIVE_TIMEOUT:g}s): "
+            f"death -> lost pod force-deleted {force_deleted_after:.1f}s; "
+            f"-> new gang's first step {to_first_step:.1f}s (resumed at {loads[0]['step']})"
+        )
