@@ -7,7 +7,8 @@ Starts the node agent (pods run as processes here), the operator, a real
 Prometheus and TensorBoard (on the job's <checkpoint dir>/tensorboard, port
 $TORCHFLEET_DEMO_TENSORBOARD_PORT, default 6006); applies
 examples/shakespeare-ddp.yaml; shows `kubectl get tj` live; kills one worker
-rank midway; shows the gang restart and the resume from the last checkpoint;
+rank midway; shows the restart (in place: the gang's processes, not its pods,
+runPolicy.inPlaceRestarts) and the resume from the last checkpoint;
 ends when the job has Succeeded, printing where the checkpoints, Prometheus and
 TensorBoard are. The agent, operator, Prometheus and TensorBoard keep running
 afterwards so they can be looked at; `down` stops them.
@@ -245,7 +246,7 @@ def run_job() -> None:
     say("kubectl get tj (live): NAME PHASE NODES RESTARTS PROGRESS% AGE")
 
     rows: list[str] = []
-    killed = False
+    killed_at: float | None = None
     while True:
         show_row(rows)
         status = job_status()
@@ -255,27 +256,33 @@ def run_job() -> None:
         # checkpoint is saved.
         current = trainer_events(f"{JOB}-master-0", "checkpoint")[-1:]
         saved = max((e["step"] for e in current[0]), default=0) if current else 0
-        if not killed and saved >= KILL_AFTER_CHECKPOINT_STEP:
+        if killed_at is None and saved >= KILL_AFTER_CHECKPOINT_STEP:
             say(f"midway: checkpoint saved at step {saved}")
             kill_a_worker_rank()
-            killed = True
-            say("the operator sees the failed pod and restarts the whole gang:")
+            killed_at = time.time()
+            say(
+                "every pod's launcher restarts its processes in place and the gang meets "
+                "again (no new pods; the operator counts it in status.inPlaceRestarts):"
+            )
         time.sleep(0.5)
-    report(status)
+    report(status, killed_at)
 
 
-def report(status: dict[str, Any]) -> None:
-    saved = trainer_events(f"{JOB}-master-0", "checkpoint")
-    resumed = trainer_events(f"{JOB}-master-0", "resumed")
-    evals = trainer_events(f"{JOB}-master-0", "eval")
-    if len(saved) > 1:
-        before = max((e["step"] for e in saved[0]), default=None)
-        after = [e["step"] for e in resumed[-1]]
+def report(status: dict[str, Any], killed_at: float | None) -> None:
+    def flat(kind: str) -> list[dict[str, Any]]:
+        return [e for run in trainer_events(f"{JOB}-master-0", kind) for e in run]
+
+    evals = flat("eval")
+    if killed_at is not None:
+        before = max((e["step"] for e in flat("checkpoint") if e["time"] < killed_at), default=None)
+        after = [e["step"] for e in flat("resumed") if e["time"] > killed_at]
+        in_place = (status.get("inPlaceRestarts") or {}).get("total", 0)
         say(
-            f"gang restarts: {status.get('restartCount')}; last checkpoint before the kill: "
-            f"step {before}; the new gang resumed at step {after[0] if after else '?'}"
+            f"restarts in place: {in_place}, of the gang: {status.get('restartCount')}; "
+            f"last checkpoint before the kill: step {before}; training resumed at step "
+            f"{after[0] if after else '?'}"
         )
-    final_eval = evals[-1][-1] if evals and evals[-1] else {}
+    final_eval = evals[-1] if evals else {}
     say(
         f"job {status.get('phase')}: final validation loss {final_eval.get('val_loss')} "
         f"at step {final_eval.get('step')}"

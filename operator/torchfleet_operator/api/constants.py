@@ -31,6 +31,11 @@ DEFAULT_GPU_RESOURCE: Final = "nvidia.com/gpu"
 # the trainer's SIGTERM checkpoint save runs in it (runPolicy's description).
 DEFAULT_TERMINATION_GRACE_SECONDS: Final = 30
 MAX_TERMINATION_GRACE_SECONDS: Final = 86_400
+# In-place restarts of a fixed gang of the built-in trainer whose run policy
+# sets none (never more than backoffLimit). Not all of the budget: a failure of
+# the program can be the host's (a GPU's Xid shows as a NCCL error), and the
+# failure after these gets new pods, possibly elsewhere.
+DEFAULT_IN_PLACE_RESTARTS: Final = 2
 
 # Kueue admits a suspended job whose pods carry this label.
 KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"

@@ -536,15 +536,18 @@ class RunPolicy(ApiModel):
         "is refused. Give a big model its save time (torchfleet_checkpoint_save_seconds) "
         "plus a step or two.",
     )
-    in_place_restarts: int = Field(
-        0,
+    in_place_restarts: int | None = Field(
+        None,
         ge=0,
         le=1000,
         description="Failures of the program a fixed gang of the built-in trainer recovers "
         "from in place: each pod's launcher restarts its processes, the gang meets in a new "
         "rendezvous round and resumes from the last checkpoint, with no new pods. Counted "
         "toward backoffLimit (status.inPlaceRestarts). Spent, or a pod or node lost: a gang "
-        "restart. 0: every failure is a gang restart.",
+        "restart. 0: every failure is a gang restart. Unset: "
+        f"{c.DEFAULT_IN_PLACE_RESTARTS} (at most backoffLimit; 0 under restartPolicy Never) "
+        "for a fixed gang of the built-in trainer, 0 for an elastic job or a command of "
+        "your own, which restart through their own launchers.",
     )
     stragglers: StragglerPolicy = section(
         StragglerPolicy,
@@ -934,11 +937,12 @@ class TrainingJobSpec(ApiModel):
             field_path=".command",
         ),
         Rule(
-            cel="self.runPolicy.inPlaceRestarts == 0 || (!has(self.command) && !has(self.elastic))",
+            cel="!has(self.runPolicy.inPlaceRestarts) || self.runPolicy.inPlaceRestarts == 0 "
+            "|| (!has(self.command) && !has(self.elastic))",
             message="runPolicy.inPlaceRestarts needs a fixed gang of the built-in trainer (no "
             "spec.command; an elastic job restarts in place through elastic.maxRestarts)",
             check=lambda s: (
-                s.run_policy.in_place_restarts == 0 or (s.command is None and s.elastic is None)
+                not s.run_policy.in_place_restarts or (s.command is None and s.elastic is None)
             ),
             field_path=".runPolicy.inPlaceRestarts",
         ),
@@ -979,6 +983,20 @@ class TrainingJobSpec(ApiModel):
     @property
     def world_size(self) -> int:
         return self.nodes * self.resolved_processes_per_node
+
+    @property
+    def in_place_restarts(self) -> int:
+        """The gang's in-place budget: runPolicy.inPlaceRestarts, or where unset
+        the default for a fixed gang of the built-in trainer, within what the
+        run policy would retry at all."""
+        policy = self.run_policy
+        if policy.in_place_restarts is not None:
+            return policy.in_place_restarts
+        if self.command is not None or self.elastic is not None:
+            return 0
+        if policy.restart_policy == "Never":
+            return 0
+        return min(c.DEFAULT_IN_PLACE_RESTARTS, policy.backoff_limit)
 
     @property
     def is_elastic(self) -> bool:

@@ -65,7 +65,7 @@ def contract_env(
         metrics_port=contract.DEFAULT_METRICS_PORT,
         train_config=trainer_config(spec),
         elastic=elastic,
-        in_place_restarts=spec.run_policy.in_place_restarts,
+        in_place_restarts=spec.in_place_restarts,
     ).to_env() | exit_code_policy(spec)
 
 
@@ -73,7 +73,7 @@ def exit_code_policy(spec: TrainingJobSpec) -> dict[str, str]:
     """The run policy's exit-code rule, for the launchers that restart in place:
     they judge a failed process as the operator would judge its pod."""
     policy = spec.run_policy
-    if not policy.in_place_restarts:
+    if not spec.in_place_restarts:
         return {}
     return {
         contract.RESTART_POLICY: policy.restart_policy,

@@ -54,7 +54,7 @@ def record(step: Pass, spec: TrainingJobSpec) -> bool:
     logs = kept_logs.round_logs(spec, restart, reported - 1)
     message = (
         f"the gang's processes restarted in place ({reported} of runPolicy.inPlaceRestarts "
-        f"{spec.run_policy.in_place_restarts} in gang {restart}; {counted} counted restarts "
+        f"{spec.in_place_restarts} in gang {restart}; {counted} counted restarts "
         f"of backoffLimit {limit})"
         + (f": {reason}" if reason else "")
         + (f"; {logs}" if logs else "")

@@ -92,7 +92,6 @@ def test_defaults_are_applied() -> None:
             "restartPolicy": "OnFailure",
             "cleanPodPolicy": "Running",
             "successPolicy": "Master",
-            "inPlaceRestarts": 0,
             "stragglers": {"threshold": 1.3, "windows": 3, "action": "Report"},
             "stall": {"stepTimeMultiple": 20.0, "minSeconds": 300, "action": "Report"},
         },

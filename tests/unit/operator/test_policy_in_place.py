@@ -85,8 +85,34 @@ def test_launchers_get_the_budget_and_the_operators_exit_code_rule():
     policy = contract.ExitCodePolicy.from_env(env)
     assert policy.restart_policy == "ExitCode" and policy.permanent_codes == {3}
     assert not policy.retries(3) and policy.retries(137)
-    off = contract_env("llm", "team", "uid", spec_of(), 1, 0)
+    off = contract_env("llm", "team", "uid", spec_of(runPolicy={"inPlaceRestarts": 0}), 1, 0)
     assert contract.IN_PLACE_RESTARTS not in off and contract.RESTART_POLICY not in off
+
+
+ELASTIC = {"minNodes": 2, "maxNodes": 3}
+
+
+@pytest.mark.parametrize(
+    ("spec", "budget"),
+    [
+        ({}, 2),  # unset: the default, a fixed gang of the built-in trainer
+        ({"runPolicy": {"backoffLimit": 1}}, 1),  # never past backoffLimit
+        ({"runPolicy": {"backoffLimit": 0}}, 0),
+        ({"runPolicy": {"restartPolicy": "Never"}}, 0),  # nothing is retried
+        ({"runPolicy": {"restartPolicy": "ExitCode"}}, 2),
+        ({"runPolicy": {"inPlaceRestarts": 0}}, 0),  # turned off
+        ({"runPolicy": {"inPlaceRestarts": 5, "backoffLimit": 1}}, 5),  # as asked
+        ({"command": ["torchrun", "train.py"]}, 0),  # its own launcher
+        ({"elastic": ELASTIC}, 0),  # restarts by elastic.maxRestarts
+    ],
+)
+def test_the_in_place_budget_unset_is_the_default_within_the_run_policy(
+    spec: dict[str, Any], budget: int
+):
+    parsed = spec_of(**spec)
+    assert parsed.in_place_restarts == budget
+    env = contract_env("llm", "team", "uid", parsed, 1, 0)
+    assert env.get(contract.IN_PLACE_RESTARTS) == (str(budget) if budget else None)
 
 
 def account_counting_round_0(**gang: Any) -> dict[str, Any]:
