@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -42,6 +41,7 @@ from tests.fixtures.e2e import (
     throttled_node,
 )
 from torchfleet_operator.api import constants
+from torchfleet_trainer import procname
 
 from nodeagent import procs  # isort: skip  (dev/ is put on the path by the fixtures)
 
@@ -106,16 +106,14 @@ def master_steps(agent: NodeAgent, namespace: str) -> list[dict[str, Any]]:
 
 
 def training_processes(agent_pod_uid: str) -> list[procs.PodProcess]:
-    """The pod's training process (one per pod here), once it has started."""
-    return [
-        p for p in procs.pod_processes(agent_pod_uid) if "torchfleet_trainer.worker" in p.cmdline
-    ]
+    """The pod's training process (one per pod here), once it has started: it
+    names itself after its rank (procname.py)."""
+    return [p for p in procs.pod_processes(agent_pod_uid) if procname.rank_of(p.pid) is not None]
 
 
 def rank_of(process: procs.PodProcess) -> str:
     """A process's global rank (the rendezvous round numbers the ranks)."""
-    environ = Path(f"/proc/{process.pid}/environ").read_bytes().split(b"\0")
-    return next(v.split(b"=", 1)[1].decode() for v in environ if v.startswith(b"RANK="))
+    return str(procname.rank_of(process.pid))
 
 
 def pod_uids(cluster: Any, namespace: str) -> dict[str, str]:

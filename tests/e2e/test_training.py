@@ -42,6 +42,7 @@ from tests.fixtures.e2e import (
 )
 from tests.fixtures.operator import free_port
 from torchfleet_operator.api import GROUP, PLURAL, VERSION
+from torchfleet_trainer import procname
 
 from nodeagent import procs  # isort: skip  (dev/ is put on the path by the fixtures)
 
@@ -290,7 +291,8 @@ def _run_with_a_killed_worker(
         # (the master still serves /metrics) until the status has shown this
         # gang's progress and its checkpoint, as on a slower machine.
         checkpoint_at_kill = max(saved_steps())
-        killed_rank = _global_rank(ranks[0].pid)
+        killed_rank = procname.rank_of(ranks[0].pid)
+        assert killed_rank is not None, f"not a training process: {ranks[0]}"
         while not _shows_the_running_gang(job, checkpoint_at_kill):
             assert time.monotonic() < deadline, f"gang never in status: {job.get('status')}"
             time.sleep(0.2)
@@ -313,11 +315,6 @@ def _run_with_a_killed_worker(
         printed_rows=rows,
         claim_dir=agent.claim_dir(namespace, f"{name}-checkpoint"),
     )
-
-
-def _global_rank(pid: int) -> int:
-    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    return int(next(v.split(b"=", 1)[1] for v in environ if v.startswith(b"RANK=")))
 
 
 def test_the_restart_names_the_failed_pods_kept_logs_and_they_hold_its_lines(

@@ -24,7 +24,7 @@ import pytest
 from tests.trainer import gang
 from tests.trainer.cli_process import TrainerProcess, free_port
 from tests.trainer.test_shakespeare_metrics import scrape
-from torchfleet_trainer import contract
+from torchfleet_trainer import contract, procname
 from torchfleet_trainer.launch import EXIT_COLLECTIVE_FAILED
 
 pytestmark = pytest.mark.trainer
@@ -50,13 +50,21 @@ def pod_env(rank: int, master_port: int, checkpoint_dir: Path) -> dict[str, str]
 
 
 def worker_pid(launcher: TrainerProcess) -> int:
-    """The training process the launcher's agent started (its child)."""
+    """The training process the launcher's agent started: forked from the
+    launcher's forkserver, it named itself after its rank (procname.py)."""
     pid = launcher.proc.pid
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    for child in children:
-        if b"torchfleet_trainer.worker" in Path(f"/proc/{child}/cmdline").read_bytes():
-            return int(child)
-    raise AssertionError(f"launcher {pid} has no worker among {children}")
+    for child in children(pid):
+        for grandchild in children(child):
+            if procname.rank_of(grandchild) is not None:
+                return grandchild
+    raise AssertionError(f"launcher {pid} has no worker")
+
+
+def children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:  # exited meanwhile
+        return []
 
 
 class Pods:

@@ -20,17 +20,25 @@
   (DCP reshards, the data position counts global batches, gradient
   accumulation keeps the global batch). A failure uses up one of
   ``PET_MAX_RESTARTS``; a node joining does not.
+
+Whenever the agent runs, its workers are forked from a forkserver the launcher
+starts first, with torch and the trainer already imported (forkserver.py,
+worker.py): a new round's workers start in milliseconds, not the seconds of
+imports every one of them would pay at once in a fresh interpreter.
 """
 
 from __future__ import annotations
 
+import logging
+import multiprocessing
 import os
 import signal
 import sys
 import tempfile
 from collections.abc import Callable, Mapping
+from multiprocessing import forkserver
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -84,6 +92,11 @@ EXIT_PREFLIGHT_FAILED = contract.EXIT_PREFLIGHT_FAILED
 # itself, the timeout and torch's message.
 EXIT_COLLECTIVE_FAILED = contract.EXIT_COLLECTIVE_FAILED
 
+# How the agent starts a worker (worker.run): forked from a server that has
+# imported torch and the trainer (forkserver.py), not a new interpreter.
+START_METHOD = "forkserver"
+FORKSERVER_PRELOAD = "torchfleet_trainer.forkserver"
+
 # The c10d rendezvous's timeouts (seconds) unless PET_RDZV_CONF sets them.
 # A lost node is declared dead after keep_alive_interval x keep_alive_max_attempt
 # without a heartbeat: the survivors cannot start the next round before that.
@@ -135,9 +148,56 @@ def launch(
         # oversubscribe the node. The workers inherit this; a user's value wins.
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory(prefix="torchfleet-outcomes-") as outcomes:
-        config_json = config.model_dump_json(by_alias=True)
-        worker = ["-u", "-m", "torchfleet_trainer.worker", config_json, outcomes]
-        return run_children(launch_config, *worker, outcomes=Path(outcomes))
+        return run_workers(launch_config, config.model_dump_json(by_alias=True), Path(outcomes))
+
+
+def start_forkserver() -> None:
+    """Starts the forkserver the agent forks every worker from (worker.py), with
+    torch and the trainer imported once (forkserver.py). Started with the
+    launcher, so that it imports while the first round meets and is warm long
+    before a failure needs a worker again; it inherits this process's
+    environment as it is now, so it starts after the launcher has set it."""
+    multiprocessing.set_forkserver_preload([FORKSERVER_PRELOAD])
+    forkserver.ensure_running()
+
+
+def run_workers(launch_config: LaunchConfig, config_json: str, outcomes: Path) -> int:
+    """The trainer's workers under the elastic agent, forked from the warm
+    forkserver; the pod's exit code."""
+    # Deferred: worker.py imports this module.
+    from torchfleet_trainer.worker import run
+
+    start_forkserver()
+    format_agent_tracebacks_plainly()
+    args = (config_json, str(outcomes), os.getpid())
+    return run_children(launch_config, *args, outcomes=outcomes, entrypoint=run)
+
+
+class _PlainTraceback(logging.Filter):
+    """Puts a record's traceback into its text before torch's formatter sees it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info:
+            if not record.exc_text:
+                record.exc_text = logging.Formatter().formatException(record.exc_info)
+            record.exc_info = None
+        return True
+
+
+def format_agent_tracebacks_plainly() -> None:
+    """torch's log formatter imports torch._dynamo (with inductor and triton) to
+    format the first record that carries a traceback, and the agent logs one for
+    every worker that fails: every in-place or elastic round waited for that
+    import in the launcher, 2.5 s of CPU on an idle 2-core machine and 4-6 s on
+    a loaded one, before its rendezvous began. The same text, formatted here,
+    costs nothing."""
+    # torch gives several of its loggers a handler of their own (torch,
+    # torch.distributed, ...): every one of them formats that way.
+    names = [name for name in logging.Logger.manager.loggerDict if name.split(".")[0] == "torch"]
+    for name in names:
+        for handler in logging.getLogger(name).handlers:
+            if not any(isinstance(f, _PlainTraceback) for f in handler.filters):
+                handler.addFilter(_PlainTraceback())
 
 
 def static_launch_config(pod: PodContract, processes: int) -> LaunchConfig:
@@ -152,7 +212,7 @@ def static_launch_config(pod: PodContract, processes: int) -> LaunchConfig:
         rdzv_configs={"rank": pod.node_rank},
         # The operator restarts the whole gang; restarting here would hide failures.
         max_restarts=0,
-        start_method="spawn",
+        start_method=START_METHOD,
     )
 
 
@@ -180,19 +240,25 @@ def rendezvous_launch_config(elastic: ElasticRendezvous, processes: int) -> Laun
         rdzv_endpoint=elastic.endpoint,
         rdzv_configs=ELASTIC_RDZV_DEFAULTS | rendezvous_configs(elastic.conf),
         max_restarts=elastic.max_restarts,
-        start_method="spawn",
+        start_method=START_METHOD,
         local_addr=elastic.local_addr,
     )
 
 
-def run_children(launch_config: LaunchConfig, *args: str, outcomes: Path | None = None) -> int:
-    """Runs ``python *args`` under the elastic agent; the pod's exit code.
+def run_children(
+    launch_config: LaunchConfig,
+    *args: Any,
+    outcomes: Path | None = None,
+    entrypoint: Callable[..., int] | str = sys.executable,
+) -> int:
+    """Runs ``entrypoint(*args)`` under the elastic agent (a function, or a
+    command: by default ``python *args``); the pod's exit code.
 
     Each worker writes its own exit code into ``outcomes`` (see worker.py):
     when the launcher itself is signalled the agent stops the workers and
     keeps their codes to itself, and only those codes say whether they saved."""
     try:
-        elastic_launch(launch_config, sys.executable)(*args)
+        elastic_launch(launch_config, entrypoint)(*args)
     except RendezvousError as err:
         # Another launcher spent its budget and closed the rendezvous, or the
         # round never completed: the gang is broken, not this pod's program.
@@ -236,7 +302,7 @@ def permanent_failure(outcomes: Path) -> int | None:
     return None
 
 
-def stop_launcher_if_permanent(code: int) -> None:
+def stop_launcher_if_permanent(code: int, launcher_pid: int) -> None:
     """In a worker its agent would restart after a failure: when the run policy
     does not retry ``code``, stop the launcher (SIGTERM: its agent stops the
     other workers, it exits with this code) rather than retry in place what the
@@ -252,7 +318,7 @@ def stop_launcher_if_permanent(code: int) -> None:
         file=sys.stderr,
         flush=True,
     )
-    os.kill(os.getppid(), signal.SIGTERM)
+    os.kill(launcher_pid, signal.SIGTERM)
 
 
 def write_outcome(outcomes: Path, local_rank: int, code: int, round_: int = 0) -> None:
