@@ -159,7 +159,7 @@ bench-trainer: venv ## nanoGPT recipe, 1B Llama tokens/s + MFU vs compiled/eager
 	else $(PY) benchmarks/bench_trainer.py --device cpu --quick $${BENCH_ARGS:-}; fi
 
 .PHONY: bench-elastic
-bench-elastic: venv deps cluster-build ## e2e: seconds from a lost worker to training again, elastic vs. gang restart (REPEATS=2)
+bench-elastic: venv deps cluster-build ## e2e: seconds from a lost worker to training again, elastic vs. gang vs. in-place restart (REPEATS=2)
 	$(PY) benchmarks/bench_elastic.py --repeats $${REPEATS:-2}
 
 .PHONY: clean
