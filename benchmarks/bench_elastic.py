@@ -141,7 +141,7 @@ def bench_job(elastic: bool, in_place_restarts: int = 0) -> dict[str, Any]:
             container.setdefault("env", []).append({"name": "LOGLEVEL", "value": "INFO"})
     if not elastic:
         del job["spec"]["elastic"]
-    if in_place_restarts:
+        # Explicit also for the gang scenario: unset, a fixed gang restarts in place.
         job["spec"]["runPolicy"]["inPlaceRestarts"] = in_place_restarts
     return job
 

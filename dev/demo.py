@@ -39,6 +39,7 @@ from nodeagent import node as agent_node  # noqa: E402
 from nodeagent import pod as agent_pod  # noqa: E402
 from nodeagent import procs  # noqa: E402
 from prometheus import prom  # noqa: E402
+from torchfleet_trainer import procname  # noqa: E402
 
 STATE = Path(os.environ.get("TORCHFLEET_DEMO_DIR", "/tmp/torchfleet-demo"))
 KUBECONFIG = REPO / ".cluster" / "kubeconfig"
@@ -213,7 +214,7 @@ def kill_a_worker_rank() -> None:
     if not ranks:
         raise SystemExit("found no rank process in the worker pod to kill")
     victim = ranks[0]
-    say(f"killing worker rank process {victim.pid} (SIGKILL): {victim.cmdline[:80]}...")
+    say(f"killing worker rank {procname.rank_of(victim.pid)}'s process {victim.pid} (SIGKILL)")
     procs.kill(victim, signal.SIGKILL)
 
 
