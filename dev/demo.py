@@ -39,6 +39,7 @@ from nodeagent import node as agent_node  # noqa: E402
 from nodeagent import pod as agent_pod  # noqa: E402
 from nodeagent import procs  # noqa: E402
 from prometheus import prom  # noqa: E402
+
 from torchfleet_trainer import procname  # noqa: E402
 
 STATE = Path(os.environ.get("TORCHFLEET_DEMO_DIR", "/tmp/torchfleet-demo"))
