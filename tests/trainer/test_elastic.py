@@ -68,17 +68,21 @@ def overrides(data: Path, ckpt: Path) -> list[str]:
     ]
 
 
-def elastic_env(endpoint: str, run_id: str, hosts_store: bool) -> dict[str, str]:
+def elastic_env(
+    endpoint: str, run_id: str, hosts_store: bool, last_call: str = ""
+) -> dict[str, str]:
     """What the operator puts on an elastic pod (one process per pod). On localhost
     every node matches the endpoint's host, so is_host says which one serves the
-    rendezvous store (in a cluster, the master pod whose name it is)."""
+    rendezvous store (in a cluster, the master pod whose name it is). ``last_call``:
+    seconds a round waits for nodes beyond the minimum, where not the launcher's."""
+    conf = f"is_host={int(hosts_store)}" + (f",last_call_timeout={last_call}" if last_call else "")
     rendezvous = contract.ElasticRendezvous(
         min_nodes=2,
         max_nodes=NODES,
         endpoint=endpoint,
         run_id=run_id,
         max_restarts=3,
-        conf=f"is_host={int(hosts_store)}",
+        conf=conf,
     )
     return rendezvous.to_env() | {contract.NPROC_PER_NODE: "1", contract.JOB_NAME: run_id}
 
@@ -158,7 +162,12 @@ def test_losing_a_node_resumes_on_three_ranks_with_the_same_losses(tmp_path: Pat
     ckpt = tmp_path / "elastic"
     endpoint = f"127.0.0.1:{free_port()}"
     args = overrides(data, ckpt)
-    nodes = [TrainerProcess(args, elastic_env(endpoint, "elastic", i == 0)) for i in range(NODES)]
+    # A round waits up to 20 s (not the launcher's 5) for nodes beyond the
+    # minimum: the four launchers start beside four more processes on two cores,
+    # and workers forked warm can finish a smaller first round's few steps before
+    # a late fourth launcher joins. (The survivors' round waits it out too.)
+    env = [elastic_env(endpoint, "elastic", i == 0, last_call="20") for i in range(NODES)]
+    nodes = [TrainerProcess(args, each) for each in env]
     # (b) four ranks throughout.
     four = fixed_gang(overrides(data, tmp_path / "four"), 4)
     processes = nodes + four
