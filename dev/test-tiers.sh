@@ -75,7 +75,7 @@ cleanup() {
         "$py" dev/cluster/localcluster.py down
     fi
 }
-trap 'echo "interrupted: stopping the test sessions and their clusters" >&2; exit 130' INT TERM
+trap 'echo "interrupted: stopping the test sessions and their clusters (logs in $logs/)" >&2; exit 130' INT TERM
 trap cleanup EXIT
 
 # The local tiers heaviest first: their torch processes and pip installs then
