@@ -68,7 +68,20 @@ start_session() { # NAME LOG(- for the terminal) ENV... -- PYTEST ARGS...
 }
 
 cleanup() {
-    for pid in "${running[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+    # SIGTERM, again every few seconds: a test may hold SIGTERM for itself
+    # (tests/conftest.py restores the session's handler after it). Two minutes
+    # for the fixtures to stop what they started, then SIGKILL.
+    local deadline=$((SECONDS + 120)) alive state
+    while :; do
+        alive=()
+        for pid in "${running[@]}"; do
+            state=$(ps -o stat= -p "$pid") && [ "${state:0:1}" != Z ] || continue
+            kill -TERM "$pid" && alive+=("$pid")
+        done
+        [ "${#alive[@]}" -gt 0 ] && [ "$SECONDS" -lt "$deadline" ] || break
+        sleep 5
+    done
+    for pid in "${alive[@]}"; do kill -KILL "$pid" 2>/dev/null; done
     wait
     stop_e2e_cluster
     if [ "$default_cluster_was_up" != True ]; then

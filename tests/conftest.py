@@ -31,7 +31,16 @@ def pytest_configure(config: pytest.Config) -> None:
     signal.signal(signal.SIGTERM, _interrupted)
 
 
+def pytest_runtest_logfinish(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    """Back after every test: code a test runs in this process may take SIGTERM
+    for itself (the trainer's preemption flag does), and a SIGTERM sent then is
+    lost; dev/test-tiers.sh sends it again until the session ends."""
+    if not _stopping and signal.getsignal(signal.SIGTERM) is not _interrupted:
+        signal.signal(signal.SIGTERM, _interrupted)
+
+
 _session_pid = 0
+_stopping = False
 
 
 def _interrupted(signum: int, frame: FrameType | None) -> None:
@@ -41,4 +50,8 @@ def _interrupted(signum: int, frame: FrameType | None) -> None:
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
         return
+    global _stopping
+    _stopping = True
+    # Once: the teardown that follows runs undisturbed by the repeats.
+    signal.signal(signum, signal.SIG_IGN)
     raise KeyboardInterrupt(f"signal {signum}")
