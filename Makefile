@@ -57,8 +57,9 @@ cluster-up: venv cluster-build ## start (or reuse) the local cluster; WITH=kueue
 	$(CLUSTER) up $(if $(WITH),--with $(WITH))
 
 .PHONY: cluster-down
-cluster-down: ## stop the local cluster
+cluster-down: ## stop the local cluster (and the e2e tier's second one, .cluster-e2e/)
 	@[ -x $(PY) ] && $(CLUSTER) down || true
+	@[ -x $(PY) ] && PY=$(PY) dev/test-tiers.sh down || true
 
 # ---- generated files ------------------------------------------------------------
 
@@ -164,4 +165,4 @@ bench-elastic: venv deps cluster-build ## e2e: seconds from a lost worker to tra
 
 .PHONY: clean
 clean: cluster-down ## remove the venv and cluster state (keeps the binary cache)
-	rm -rf $(VENV) .cluster
+	rm -rf $(VENV) .cluster .cluster-e2e

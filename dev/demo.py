@@ -43,8 +43,10 @@ from prometheus import prom  # noqa: E402
 from torchfleet_trainer import procname  # noqa: E402
 
 STATE = Path(os.environ.get("TORCHFLEET_DEMO_DIR", "/tmp/torchfleet-demo"))
-KUBECONFIG = REPO / ".cluster" / "kubeconfig"
-KUBECTL = REPO / ".cluster" / "bin" / "kubectl"
+# The cluster `make cluster-up` started (localcluster.py's state directory).
+CLUSTER_DIR = REPO / os.environ.get("TORCHFLEET_CLUSTER_DIR", ".cluster")
+KUBECONFIG = CLUSTER_DIR / "kubeconfig"
+KUBECTL = CLUSTER_DIR / "bin" / "kubectl"
 NAMESPACE = "torchfleet-demo"
 JOB = "shakespeare-ddp"
 EXAMPLE = REPO / "examples" / "shakespeare-ddp.yaml"

@@ -23,9 +23,11 @@ local apiserver, as a real install would run in a pod:
   visibility server, MultiKueue and provisioning off (fixed ports or APIs the
   local cluster lacks).
 
-Ports come from ``TORCHFLEET_KUEUE_{WEBHOOK,HEALTH,METRICS}_PORT``. Readiness
-is Kueue's own ``/readyz`` (true once the webhook server serves). Logs go to
-``.cluster/logs/kueue.log``. Standard library only, like localcluster.py.
+Ports come from ``TORCHFLEET_KUEUE_{WEBHOOK,HEALTH,METRICS}_PORT`` (shifted
+like the cluster's, localcluster.port). Readiness is Kueue's own ``/readyz``
+(true once the webhook server serves). Logs go to the cluster's
+``logs/kueue.log`` (``.cluster/`` by default). Standard library only, like
+localcluster.py.
 
     python dev/cluster/localcluster.py up --with kueue
 """
@@ -38,7 +40,7 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -70,11 +72,17 @@ WEBHOOK_CONFIG_NAMES = {
 }
 
 
+def _port(variable: str, default: int) -> int:
+    from localcluster import port  # beside this file, loaded first
+
+    return int(port(variable, default))
+
+
 @dataclass(frozen=True)
 class KueuePorts:
-    webhook: int = int(os.environ.get("TORCHFLEET_KUEUE_WEBHOOK_PORT", "19443"))
-    health: int = int(os.environ.get("TORCHFLEET_KUEUE_HEALTH_PORT", "18081"))
-    metrics: int = int(os.environ.get("TORCHFLEET_KUEUE_METRICS_PORT", "18080"))
+    webhook: int = field(default_factory=lambda: _port("TORCHFLEET_KUEUE_WEBHOOK_PORT", 19443))
+    health: int = field(default_factory=lambda: _port("TORCHFLEET_KUEUE_HEALTH_PORT", 18081))
+    metrics: int = field(default_factory=lambda: _port("TORCHFLEET_KUEUE_METRICS_PORT", 18080))
 
 
 def pinned_version() -> str:

@@ -6,6 +6,12 @@ from Go modules by build.sh, run as local processes with their state under
 behaviour on demand comes from the Stage files in ``stages/``, except for
 confirming a pod's deletion, which fake_kubelet.py does (by UID, as a kubelet).
 
+A second cluster can run beside the first (``make test`` runs its e2e tier on
+one): ``TORCHFLEET_CLUSTER_DIR`` moves the state (relative to the repository,
+default ``.cluster``), ``TORCHFLEET_CLUSTER_PORT_OFFSET`` shifts every port
+(each ``TORCHFLEET_*_PORT`` variable, or its default). ``down`` and ``status``
+need the same two values as ``up``.
+
     python dev/cluster/localcluster.py up      # start, or reuse a running one
     python dev/cluster/localcluster.py up --with kueue   # plus Kueue (kueue.py)
     python dev/cluster/localcluster.py down    # stop every component
@@ -64,16 +70,24 @@ FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 # Alpha gates for Kubernetes' own gang scheduling (KEP-4671), on every
 # component that reads them; GangScheduling depends on GenericWorkload.
 NATIVE_GANG_GATES = "--feature-gates=GenericWorkload=true,GangScheduling=true"
+STATE_DIR = REPO / os.environ.get("TORCHFLEET_CLUSTER_DIR", ".cluster")
+PORT_OFFSET = int(os.environ.get("TORCHFLEET_CLUSTER_PORT_OFFSET", "0"))
+
+
+def port(variable: str, default: int) -> int:
+    """A component's port: ``$variable`` or ``default``, shifted by the offset
+    (kueue.py and schedulers.py, loaded beside this file, use it too)."""
+    return int(os.environ.get(variable, default)) + PORT_OFFSET
 
 
 @dataclass(frozen=True)
 class Ports:
-    etcd_client: int = int(os.environ.get("TORCHFLEET_ETCD_PORT", "12379"))
-    etcd_peer: int = int(os.environ.get("TORCHFLEET_ETCD_PEER_PORT", "12380"))
-    apiserver: int = int(os.environ.get("TORCHFLEET_APISERVER_PORT", "16443"))
-    controller_manager: int = int(os.environ.get("TORCHFLEET_KCM_PORT", "10357"))
-    scheduler: int = int(os.environ.get("TORCHFLEET_SCHEDULER_PORT", "10359"))
-    kwok: int = int(os.environ.get("TORCHFLEET_KWOK_PORT", "10347"))
+    etcd_client: int = port("TORCHFLEET_ETCD_PORT", 12379)
+    etcd_peer: int = port("TORCHFLEET_ETCD_PEER_PORT", 12380)
+    apiserver: int = port("TORCHFLEET_APISERVER_PORT", 16443)
+    controller_manager: int = port("TORCHFLEET_KCM_PORT", 10357)
+    scheduler: int = port("TORCHFLEET_SCHEDULER_PORT", 10359)
+    kwok: int = port("TORCHFLEET_KWOK_PORT", 10347)
 
 
 class ClusterError(RuntimeError):
@@ -81,7 +95,7 @@ class ClusterError(RuntimeError):
 
 
 class LocalCluster:
-    def __init__(self, root: Path = REPO / ".cluster", ports: Ports | None = None) -> None:
+    def __init__(self, root: Path = STATE_DIR, ports: Ports | None = None) -> None:
         self.root = root
         self.ports = ports or Ports()
         self.pki = root / "pki"
@@ -565,7 +579,7 @@ def wait_for(ready: Callable[[], object], what: str, timeout: float = 60.0) -> N
     while not ready():
         if time.monotonic() > deadline:
             raise ClusterError(
-                f"timed out after {timeout:.0f}s waiting for {what}; see .cluster/logs/"
+                f"timed out after {timeout:.0f}s waiting for {what}; see {STATE_DIR / 'logs'}/"
             )
         time.sleep(delay)
         delay = min(delay * 2, 1.0)

@@ -2,8 +2,9 @@
 
 Started only for what needs them (the gang tests' fixture, or
 ``localcluster.py up --with coscheduling,volcano``), as local processes of
-the running :class:`localcluster.LocalCluster`: logs in ``.cluster/logs/``,
-pid files in ``.cluster/run/`` (so ``localcluster.py down`` stops them too),
+the running :class:`localcluster.LocalCluster`: logs in its ``logs/``, pid
+files in its ``run/`` (so ``localcluster.py down`` stops them too), ports
+shifted like the cluster's (localcluster.port),
 readiness from each one's health endpoint, never a sleep.
 
 - ``coscheduling``: scheduler-plugins' kube-scheduler as a second scheduler
@@ -25,7 +26,6 @@ Standard library only.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -47,21 +47,21 @@ PROCESSES = {
 }
 
 
-def _port(variable: str, default: str) -> int:
-    return int(os.environ.get(variable, default))
+def _port(variable: str, default: int) -> int:
+    from localcluster import port  # beside this file, loaded first
+
+    return int(port(variable, default))
 
 
 @dataclass(frozen=True)
 class SchedulerPorts:
-    coscheduling: int = field(
-        default_factory=lambda: _port("TORCHFLEET_COSCHEDULING_PORT", "10371")
-    )
+    coscheduling: int = field(default_factory=lambda: _port("TORCHFLEET_COSCHEDULING_PORT", 10371))
     coscheduling_probe: int = field(
-        default_factory=lambda: _port("TORCHFLEET_COSCHEDULING_CONTROLLER_PORT", "10372")
+        default_factory=lambda: _port("TORCHFLEET_COSCHEDULING_CONTROLLER_PORT", 10372)
     )
-    volcano_healthz: int = field(default_factory=lambda: _port("TORCHFLEET_VOLCANO_PORT", "10373"))
+    volcano_healthz: int = field(default_factory=lambda: _port("TORCHFLEET_VOLCANO_PORT", 10373))
     volcano_metrics: int = field(
-        default_factory=lambda: _port("TORCHFLEET_VOLCANO_METRICS_PORT", "10374")
+        default_factory=lambda: _port("TORCHFLEET_VOLCANO_METRICS_PORT", 10374)
     )
 
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -214,3 +217,51 @@ def test_a_deletion_is_confirmed_for_that_pod_and_never_for_a_new_one_of_its_nam
         )
     kubelet.handle(pod(cluster, namespace, "rank-0"))  # not terminating: left alone too
     assert pod(cluster, namespace, "rank-0")["metadata"]["uid"] == new["metadata"]["uid"]
+
+
+# Every port of every component, and the state directory, of the local cluster
+# that localcluster.py would start with this process's environment.
+CLUSTER_LAYOUT = """
+import json, sys
+from dataclasses import asdict
+sys.path.insert(0, "dev/cluster")
+import kueue, localcluster, schedulers
+ports = {
+    **asdict(localcluster.Ports()),
+    **{f"kueue-{k}": v for k, v in asdict(kueue.KueuePorts()).items()},
+    **{f"gang-{k}": v for k, v in asdict(schedulers.SchedulerPorts()).items()},
+}
+print(json.dumps({"state": str(localcluster.LocalCluster().root), "ports": ports}))
+"""
+
+
+def cluster_layout(**env: str) -> dict[str, Any]:
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("TORCHFLEET_CLUSTER_DIR", "TORCHFLEET_CLUSTER_PORT_OFFSET")
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", CLUSTER_LAYOUT],
+        env={**base, **env},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return dict(json.loads(out.stdout))
+
+
+def test_the_e2e_tiers_second_cluster_shares_no_port_and_no_state_with_the_first() -> None:
+    """dev/test-tiers.sh runs the e2e tier on a second local cluster beside the
+    cluster tier's (or a demo's) on the same machine: every port of every
+    component moves by its offset, none lands on one of the first's, and the
+    state lives elsewhere."""
+    first = cluster_layout()
+    second = cluster_layout(
+        TORCHFLEET_CLUSTER_DIR=".cluster-e2e", TORCHFLEET_CLUSTER_PORT_OFFSET="1000"
+    )
+    assert first["state"] == str(REPO / ".cluster")
+    assert second["state"] == str(REPO / ".cluster-e2e")
+    assert second["ports"] == {name: port + 1000 for name, port in first["ports"].items()}
+    assert not set(first["ports"].values()) & set(second["ports"].values())
