@@ -11,20 +11,15 @@ per-node figures; the same figures scraped again are the same interval.
 from __future__ import annotations
 
 import time
-import uuid
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from tests.fixtures.operator import kwok_job_spec as spec
-from tests.fixtures.scripted_metrics import ScriptedMetrics, in_group
+from tests.fixtures.scripted_metrics import GANG_WORKERS, scraped_again
 from torchfleet_operator.build.names import pod_name_for_rank
 from torchfleet_trainer import contract as k
 
 pytestmark = pytest.mark.cluster
-
-WORKERS = 2  # a gang of 3: one master, two workers
 
 
 def exported(
@@ -57,53 +52,8 @@ def exported(
     return "\n".join(lines) + "\n"
 
 
-@pytest.fixture
-def operator(operator_factory, namespace, scrape_port):
-    """A real operator scraping every 0.5 s at the scripted port."""
-    return operator_factory(
-        namespaces=[namespace],
-        env={
-            "TORCHFLEET_OPERATOR_PROGRESS_INTERVAL_SECONDS": "0.5",
-            "TORCHFLEET_OPERATOR_PROGRESS_PORT": str(scrape_port),
-        },
-    )
-
-
-@pytest.fixture
-def gang(
-    operator, job_driver, namespace, loopback_node, scrape_port
-) -> Iterator[Callable[..., tuple[ScriptedMetrics, dict[str, str]]]]:
-    """Starts a job of 3 pods on a group of 4 loopback nodes; returns the master's
-    scripted /metrics and pod -> node."""
-    group = f"health-{uuid.uuid4().hex[:6]}"
-    for _ in range(WORKERS + 2):
-        loopback_node(group)
-    servers: dict[str, ScriptedMetrics] = {}
-
-    def start(
-        job: str, restart: int = 0, **run_policy: Any
-    ) -> tuple[ScriptedMetrics, dict[str, str]]:
-        if restart == 0:
-            job_driver.create(
-                namespace,
-                job,
-                spec(workers=WORKERS, template=in_group(group), runPolicy=run_policy),
-            )
-        pods = job_driver.wait_running_pods(namespace, job, WORKERS + 1, restart=restart)
-        nodes = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods}
-        master = next(p for p in pods if p["metadata"]["name"] == pod_name_for_rank(job, 0))
-        ip = master["status"]["podIP"]
-        if ip not in servers:
-            servers[ip] = ScriptedMetrics(ip, scrape_port)
-        return servers[ip], nodes
-
-    yield start
-    for server in servers.values():
-        server.close()
-
-
 def hosts(job: str) -> list[str]:
-    return [pod_name_for_rank(job, rank) for rank in range(WORKERS + 1)]
+    return [pod_name_for_rank(job, rank) for rank in range(GANG_WORKERS + 1)]
 
 
 def health_of(job_driver, namespace: str, job: str) -> dict[str, Any]:
@@ -114,14 +64,10 @@ def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
     return next((c for c in status.get("conditions") or () if c["type"] == type_), {})
 
 
-def scraped_again(server: ScriptedMetrics, times: int = 3) -> Callable[[], bool]:
-    """True once the operator has read the current body ``times`` more times."""
-    seen = server.served["body"]
-    return lambda: server.served["body"] >= seen + times
-
-
-def test_a_slow_node_is_named_after_its_windows_and_replaced(job_driver, namespace, gang):
-    server, nodes = gang("slow", stragglers={"threshold": 1.3, "windows": 2, "action": "Replace"})
+def test_a_slow_node_is_named_after_its_windows_and_replaced(job_driver, namespace, scripted_gang):
+    server, nodes = scripted_gang(
+        "slow", stragglers={"threshold": 1.3, "windows": 2, "action": "Replace"}
+    )
     master, worker0, worker1 = hosts("slow")
     slow_node = nodes[worker1]
 
@@ -159,7 +105,7 @@ def test_a_slow_node_is_named_after_its_windows_and_replaced(job_driver, namespa
     job_driver.wait_events(namespace, "slow", {"SlowNode"}, type="Warning")
 
     # The next gang keeps off that node (there is room on the group's others).
-    _, next_nodes = gang("slow", restart=1)
+    _, next_nodes = scripted_gang("slow", restart=1)
     assert slow_node not in next_nodes.values()
     pod = job_driver.get_core(namespace, "pods", worker1)
     assert pod is not None
@@ -171,8 +117,10 @@ def test_a_slow_node_is_named_after_its_windows_and_replaced(job_driver, namespa
     ][0]["matchFields"]
 
 
-def test_report_preflight_and_a_stall_told_apart_from_a_save(job_driver, namespace, gang, operator):
-    server, nodes = gang(
+def test_report_preflight_and_a_stall_told_apart_from_a_save(
+    job_driver, namespace, scripted_gang, scraping_operator
+):
+    server, nodes = scripted_gang(
         "watch",
         stragglers={"threshold": 1.5, "windows": 1, "action": "Report"},
         stall={"stepTimeMultiple": 2, "minSeconds": 6, "action": "Restart"},
@@ -224,10 +172,10 @@ def test_report_preflight_and_a_stall_told_apart_from_a_save(job_driver, namespa
     server.body = exported(6, even, window=2, phase=k.PHASE_CHECKPOINT)
     saving_since = time.monotonic()
     job_driver.wait_for("the stall limit to pass", lambda: time.monotonic() - saving_since > 8)
-    passes = operator.passes((namespace, "watch"))
+    passes = scraping_operator.passes((namespace, "watch"))
     server.body = exported(6, even, window=2, phase=k.PHASE_CHECKPOINT, phase_started=1)
     job_driver.wait_for(
-        "a pass on the new phase", lambda: operator.passes((namespace, "watch")) > passes
+        "a pass on the new phase", lambda: scraping_operator.passes((namespace, "watch")) > passes
     )
     status = job_driver.status(namespace, "watch")
     assert not condition(status, "Stalled") and status["restartCount"] == 0
