@@ -280,9 +280,12 @@ def report(status: dict[str, Any], killed_at: float | None) -> None:
     if killed_at is not None:
         before = max((e["step"] for e in flat("checkpoint") if e["time"] < killed_at), default=None)
         after = [e["step"] for e in flat("resumed") if e["time"] > killed_at]
-        in_place = (status.get("inPlaceRestarts") or {}).get("total", 0)
+        counted = (status.get("inPlaceRestarts") or {}).get("total", 0)
+        logged = [e["restarts"] for e in flat("in_place_restart") if e["time"] > killed_at]
         say(
-            f"restarts in place: {in_place}, of the gang: {status.get('restartCount')}; "
+            f"restarts in place: {logged[-1] if logged else 0} (the trainer's log; "
+            f"status.inPlaceRestarts counted {counted}: a round that ends before the "
+            f"operator's next scrape is not counted), of the gang: {status.get('restartCount')}; "
             f"last checkpoint before the kill: step {before}; training resumed at step "
             f"{after[0] if after else '?'}"
         )
