@@ -31,8 +31,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +41,7 @@ from tests.e2e.test_training import (
     VAL_LOSS_THRESHOLD,
     corpus_namespace,
     events,
+    held,
     load_example,
     pod_uid,
     wait_job,
@@ -125,12 +125,14 @@ def a_worker_alone_and_quick_to_give_up(
     return job
 
 
-def all_events(agent: NodeAgent, namespace: str, kind: str) -> list[dict[str, Any]]:
+def all_events(
+    agent: NodeAgent, namespace: str, kind: str, pods: tuple[str, ...] = PODS
+) -> list[dict[str, Any]]:
     """One event kind from every run of every pod, in time order: rank 0, which
     logs, is on whichever pod the rendezvous round put it."""
     found = [
         event
-        for pod in PODS
+        for pod in pods
         for log in agent.logs(namespace, pod, "trainer")
         for event in events(log, kind)
     ]
@@ -205,8 +207,11 @@ def _lose_a_worker_and_finish(
         with silent_node(cluster, victim_node):
             lost_at = time.time()
             shrunk = wait_for("steps at world size 2", lambda: steps_at(2, lost_at), timeout=300)
+            # Their training processes only: the launchers keep the heartbeats.
             survivors = [pod_uid(cluster, namespace, pod) for pod in PODS if pod != victim]
-            holding.enter_context(held(survivors))
+            stopped = [p for uid in survivors for p in procs.rank_processes(uid)]
+            assert stopped, "the survivors have no training processes to hold"
+            holding.enter_context(held(stopped))
             # The dead node never confirmed the lost pod's deletion: the
             # operator force-deleted it once the node was lost.
             wait_for(
@@ -277,22 +282,6 @@ def _lose_a_worker_and_finish(
         f"-> node back: {booted_after:.1f}s; -> replacement's trainer runs: {replaced_after:.1f}s; "
         f"-> first step at 3 again: {regrown[0]['time'] - lost_at:.1f}s"
     )
-
-
-@contextmanager
-def held(pod_uids: list[str]) -> Iterator[None]:
-    """The pods' training processes stopped (SIGSTOP) for the block, and
-    continued after it however it ended; their launchers keep running."""
-    stopped = [p for uid in pod_uids for p in procs.rank_processes(uid)]
-    assert stopped, "the survivors have no training processes to hold"
-    for process in stopped:
-        procs.kill(process, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        for process in stopped:
-            with suppress(ProcessLookupError):  # its launcher killed it meanwhile
-                procs.kill(process, signal.SIGCONT)
 
 
 def placement(cluster: Any, namespace: str) -> dict[str, str]:

@@ -24,10 +24,11 @@ import pytest
 
 from tests.e2e.test_elastic import (
     a_worker_alone_and_quick_to_give_up,
+    all_events,
     placement,
     pod_uid_or_none,
 )
-from tests.e2e.test_training import corpus_namespace, events, load_example, pod_uid, wait_job
+from tests.e2e.test_training import corpus_namespace, load_example, pod_uid, wait_job
 from tests.fixtures.e2e import E2E_NODES, NodeAgent, apply_objects, silent_node
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.timeout(900)]
@@ -61,14 +62,7 @@ def silent_gang() -> dict[str, Any]:
 
 
 def trainer_events(agent: NodeAgent, namespace: str, kind: str) -> list[dict[str, Any]]:
-    """One event kind from every run of every pod (rank 0 logs: the master's)."""
-    found = [
-        event
-        for pod in PODS
-        for log in agent.logs(namespace, pod, "trainer")
-        for event in events(log, kind)
-    ]
-    return sorted(found, key=lambda e: e["time"])
+    return all_events(agent, namespace, kind, PODS)
 
 
 def test_a_fixed_gang_on_a_silent_node_restarts_soon_and_resumes(
