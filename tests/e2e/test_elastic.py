@@ -240,15 +240,13 @@ def _lose_a_worker_and_finish(
 
     assert job["status"]["phase"] == "Succeeded", job["status"]
     assert job["status"]["restartCount"] == 0, job["status"]  # no gang restart
-    # At most one failed round, and none from the node's death: when the
-    # replacement joins, one survivor's agent stops its worker (SIGTERM), the
-    # whole world saves and exits 143, and another agent that sees its worker's
-    # 143 before it sees the node waiting calls it a failure (a known bug, seen
-    # in 1 of 5 runs; the fix is the agent's to tell the world's save from a
-    # failure while a node waits to join).
-    in_place = job["status"].get("inPlaceRestarts") or {}
-    assert job["status"].get("restarts", 0) <= 1, job["status"]
-    assert in_place.get("lastReason") in (None, "worker_failed"), job["status"]
+    # No failed round: neither the node's death nor the replacement joining is
+    # the program's failure. (When the replacement joins, the survivors' workers
+    # save and stop with the world, or lose their peer; an agent that sees that
+    # before it sees the node waiting starts the new round uncounted: lost_peer.py,
+    # tests/trainer/test_elastic.py.)
+    assert job["status"].get("restarts", 0) == 0, job["status"]
+    assert not job["status"].get("inPlaceRestarts"), job["status"]
     assert job["status"]["elastic"]["replacements"] == 1, job["status"]
     assert new_uid != old_uid
     # The survivors trained at 2 before the replacement's first step at 3, and

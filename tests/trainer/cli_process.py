@@ -52,7 +52,8 @@ class TrainerProcess:
         self._queue: Queue[dict[str, Any] | None] = Queue()
         self.stderr = ""
         threading.Thread(target=self._read_stdout, daemon=True).start()
-        threading.Thread(target=self._read_stderr, daemon=True).start()
+        self._stderr_reader = threading.Thread(target=self._read_stderr, daemon=True)
+        self._stderr_reader.start()
 
     def _read_stdout(self) -> None:
         assert self.proc.stdout is not None
@@ -108,6 +109,9 @@ class TrainerProcess:
             raise AssertionError(f"trainer still running after {timeout}s") from None
         while (event := self._queue.get(timeout=10)) is not None:
             self.events.append(event)
+        # The whole of stderr: its end comes when the last process holding it
+        # (the launcher's forkserver) is gone, a moment after the launcher.
+        self._stderr_reader.join(timeout=10)
         return code
 
     def of(self, kind: str) -> list[dict[str, Any]]:

@@ -28,6 +28,7 @@ import os
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ import pytest
 
 from tests.fixtures.trainer import cpu_description
 from tests.trainer.cli_process import TrainerProcess, free_port
+from tests.trainer.test_in_place_restart import worker_pid
 from tests.trainer.test_strategies import GRAD_NORM_REL_TOL, LOSS_TOL, base, learnable_tokens
 from torchfleet_trainer import contract
 from torchfleet_trainer.checkpoint import MARKER, step_dir
@@ -69,13 +71,15 @@ def overrides(data: Path, ckpt: Path) -> list[str]:
 
 
 def elastic_env(
-    endpoint: str, run_id: str, hosts_store: bool, last_call: str = ""
+    endpoint: str, run_id: str, hosts_store: bool, last_call: str = "", heartbeats: str = ""
 ) -> dict[str, str]:
     """What the operator puts on an elastic pod (one process per pod). On localhost
     every node matches the endpoint's host, so is_host says which one serves the
     rendezvous store (in a cluster, the master pod whose name it is). ``last_call``:
-    seconds a round waits for nodes beyond the minimum, where not the launcher's."""
+    seconds a round waits for nodes beyond the minimum, ``heartbeats``: how many
+    missed heartbeats drop a node, where not the launcher's."""
     conf = f"is_host={int(hosts_store)}" + (f",last_call_timeout={last_call}" if last_call else "")
+    conf += f",keep_alive_max_attempt={heartbeats}" if heartbeats else ""
     rendezvous = contract.ElasticRendezvous(
         min_nodes=2,
         max_nodes=NODES,
@@ -245,3 +249,68 @@ def test_a_node_leaving_gracefully_saves_where_it_is_and_the_rest_go_on_at_two(
     assert resumed["step"] == preempted["step"], (resumed, preempted)
     continuing = steps_of(logger.events[logger.events.index(resumed) :])
     assert sorted(continuing) == list(range(preempted["step"] + 1, STEPS + 1))
+
+
+def test_a_node_joining_restarts_the_others_without_counting_a_failure(tmp_path: Path) -> None:
+    """What a replacement pod or a scale-up does, with the race that once counted
+    it as a failure (CI, 2026-11-27). When node C joins, node A's agent stops its
+    worker for the new round, the whole world saves and stops, and node B's
+    worker exits 143 with it. B's agent is held (SIGSTOP) meanwhile, so it sees
+    its worker's exit before it sees C waiting, as a busy agent can: it must
+    start the new round without spending one of its restarts (lost_peer.py),
+    so no launcher reports an in-place restart, and the three finish together."""
+    data = learnable_tokens(tmp_path / "tokens.bin")
+    endpoint = f"127.0.0.1:{free_port()}"
+    args = overrides(data, tmp_path / "elastic")
+    # B's agent is held past torch's heartbeat expiry (3 x 2 s): with it, B would
+    # be dropped as a lost node, another path (test_lost_peer.py).
+    env = [elastic_env(endpoint, "join", i == 0, heartbeats="60") for i in range(3)]
+    nodes = [TrainerProcess(args, env[i]) for i in range(2)]
+    held = nodes[1]  # nodes[0] hosts the rendezvous store, so it is never held
+    try:
+        first_to_log(nodes, 1, world_size=2, timeout=TIMEOUT)
+        workers = [worker_pid(node) for node in nodes]
+        for pid in workers:  # the run waits for the joiner instead of finishing
+            os.kill(pid, signal.SIGSTOP)
+        os.kill(held.proc.pid, signal.SIGSTOP)  # B's agent, not its worker
+        nodes.append(TrainerProcess(args, env[2]))
+        wait_until(
+            "A's agent stopping its worker for the joiner",
+            lambda: signal.SIGTERM in pending_signals(workers[0]),
+        )
+        for pid in workers:
+            os.kill(pid, signal.SIGCONT)
+        # Reaped by its forkserver, which then tells the agent its exit code.
+        wait_until(
+            "B's worker stopped with the world", lambda: not Path(f"/proc/{workers[1]}").exists()
+        )
+        os.kill(held.proc.pid, signal.SIGCONT)
+        for node in nodes:
+            assert node.finish(timeout=TIMEOUT) == 0, node.stderr[-4000:]
+    finally:
+        for node in nodes:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(node.proc.pid, signal.SIGCONT)
+            kill_node(node.proc.pid)
+
+    events = [event for node in nodes for event in node.events]
+    assert [e for e in events if e["event"] == "in_place_restart"] == []
+    worlds = [e["world_size"] for e in events if e["event"] == "world"]
+    assert worlds[0] == 2 and worlds[-1] == 3, worlds
+    assert "stopped by a membership change" in held.stderr, held.stderr[-4000:]
+
+
+def wait_until(what: str, predicate: Callable[[], bool], timeout: float = TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"not seen in {timeout}s: {what}"
+        time.sleep(0.05)
+
+
+def pending_signals(pid: int) -> set[signal.Signals]:
+    """The signals sent to ``pid`` that it has not handled yet (it is stopped)."""
+    mask = 0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(("SigPnd:", "ShdPnd:")):
+            mask |= int(line.split()[1], 16)
+    return {sig for sig in signal.Signals if mask >> (sig - 1) & 1}

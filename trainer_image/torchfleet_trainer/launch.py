@@ -230,7 +230,10 @@ def rendezvous_launch_config(elastic: ElasticRendezvous, processes: int) -> Laun
     # rank stays non-zero, which is wrong once the rank-0 node has been lost.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     # A peer whose heartbeat stopped starts a new round at once (lost_peer.py).
-    lost_peer.install()
+    # Workers that stop because a peer's did are not a failure of their own.
+    lost_peer.install(
+        fallout_codes=(EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED, EXIT_COLLECTIVE_FAILED)
+    )
     return LaunchConfig(
         min_nodes=elastic.min_nodes,
         max_nodes=elastic.max_nodes,

@@ -20,7 +20,20 @@ NCCL's wait, where Python never runs a SIGTERM handler, and a checkpoint save
 with a dead peer cannot complete anyway; torch would wait 30 s before killing
 them itself.
 
-Both are class-level patches of torch's private rendezvous handler and agent,
+A third patch keeps a membership change from being counted as a failure. When
+a node joins (or another's agent restarts its workers), the agents whose
+workers are still healthy restart them on purpose, and those workers' peers
+elsewhere then exit too: they save and exit 143 with the world-wide stop, or
+fail with 202 on the closed connection. An agent that sees that exit before it
+sees the node waiting would spend one of ``max_restarts`` on it, and the gang
+would report an in-place restart nobody's program caused. In an elastic job
+(minNodes < maxNodes) an agent whose workers all ended with one of those codes
+while the membership is changing (a node waiting, a participant dropped, or the
+rendezvous already at a later round) restarts them as torch does for a node
+joining, without counting. A fixed gang keeps torch's counting: there every
+agent counts every failed round, so all pods agree on the round.
+
+All are class-level patches of torch's private rendezvous handler and agent,
 in the launcher process only. If a torch release renames what they use,
 ``install`` says so on stderr and changes nothing: the collective timeout still
 bounds the wait.
@@ -30,8 +43,10 @@ from __future__ import annotations
 
 import signal
 import sys
+from collections.abc import Iterable
 from typing import Any
 
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
@@ -39,6 +54,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRende
 # agent's next stop of its workers.
 _LOST = "_torchfleet_peer_lost"
 _ROUND_SIZE = "_torchfleet_round_size"
+_ROUND = "_torchfleet_round"
 
 
 def _participants(handler: Any) -> int | None:
@@ -50,10 +66,57 @@ def _participants(handler: Any) -> int | None:
         return None
 
 
+def _round(handler: Any) -> int | None:
+    try:
+        return int(handler._state_holder.state.round)
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def _is_elastic(handler: Any) -> bool:
+    try:
+        return int(handler._settings.min_nodes) < int(handler._settings.max_nodes)
+    except (AttributeError, TypeError, ValueError):
+        return False
+
+
+def stopped_by_peers(exit_codes: Iterable[int], fallout_codes: frozenset[int]) -> bool:
+    """Whether workers that ended with ``exit_codes`` may have been stopped by
+    their peers rather than failed: every one ended with a code a peer's stop
+    causes (a saved stop, a lost peer). Only a membership change says they were."""
+    codes = list(exit_codes)
+    return bool(codes) and all(code in fallout_codes for code in codes)
+
+
+def _monitor_workers(original: Any, fallout_codes: frozenset[int]) -> Any:
+    def monitor_workers(self: Any, worker_group: Any) -> Any:
+        result = original(self, worker_group)
+        handler = worker_group.spec.rdzv_handler
+        if result.state != WorkerState.FAILED or not _is_elastic(handler):
+            return result
+        codes = [failure.exitcode for failure in result.failures.values()]
+        # The patched num_nodes_waiting: a node waiting, a participant dropped,
+        # or a later round that this node must join.
+        if not stopped_by_peers(codes, fallout_codes) or handler.num_nodes_waiting() == 0:
+            return result
+        print(
+            f"torchfleet-train: workers stopped by a membership change (exit codes "
+            f"{sorted(set(codes))}): a new rendezvous round, not counted as a restart",
+            file=sys.stderr,
+            flush=True,
+        )
+        # Healthy is the state torch restarts from without counting, once it sees
+        # the node waiting (the next num_nodes_waiting says so again).
+        return RunResult(state=WorkerState.HEALTHY)
+
+    return monitor_workers
+
+
 def _next_rendezvous(original: Any) -> Any:
     def next_rendezvous(self: Any) -> Any:
         info = original(self)
         setattr(self, _ROUND_SIZE, _participants(self))
+        setattr(self, _ROUND, _round(self))
         setattr(self, _LOST, False)
         return info
 
@@ -63,6 +126,10 @@ def _next_rendezvous(original: Any) -> Any:
 def _num_nodes_waiting(original: Any) -> Any:
     def num_nodes_waiting(self: Any) -> int:
         waiting = int(original(self))  # syncs the state: drops nodes past their heartbeat
+        if _round(self) != getattr(self, _ROUND, _round(self)):
+            # Every participant of this node's round left it (this one dropped
+            # for a missed heartbeat): the others train in a later round.
+            return max(waiting, 1)
         size = getattr(self, _ROUND_SIZE, None)
         left = _participants(self)
         if size is None or left is None or left >= size:
@@ -95,9 +162,10 @@ def _stop_workers(original: Any) -> Any:
 _installed = False
 
 
-def install() -> bool:
+def install(fallout_codes: Iterable[int]) -> bool:
     """Patches torch's c10d rendezvous handler and local agent (once); False when
-    this torch lacks what the patches use."""
+    this torch lacks what the patches use. ``fallout_codes``: the exit codes of a
+    worker stopped because a peer stopped (membership_fallout)."""
     global _installed
     if _installed:
         return True
@@ -106,6 +174,7 @@ def install() -> bool:
         (DynamicRendezvousHandler, "num_nodes_waiting"),
         (LocalElasticAgent, "_stop_workers"),
         (LocalElasticAgent, "_shutdown"),
+        (LocalElasticAgent, "_monitor_workers"),
     )
     missing = [f"{cls.__name__}.{name}" for cls, name in needed if not hasattr(cls, name)]
     if missing:
@@ -120,5 +189,6 @@ def install() -> bool:
     handler.next_rendezvous = _next_rendezvous(handler.next_rendezvous)
     handler.num_nodes_waiting = _num_nodes_waiting(handler.num_nodes_waiting)
     agent._stop_workers = _stop_workers(agent._stop_workers)
+    agent._monitor_workers = _monitor_workers(agent._monitor_workers, frozenset(fallout_codes))
     _installed = True
     return True
