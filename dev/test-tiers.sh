@@ -16,7 +16,8 @@
 # cluster of its own in .cluster-e2e/, every port shifted by 1000 (on top of
 # any TORCHFLEET_CLUSTER_PORT_OFFSET), so the two never meet and neither
 # touches a demo's. The e2e session streams to the terminal (it is the
-# longest); the other two write to .test-logs/ and are printed after it.
+# longest); the other two write to .test-logs/ and are printed after it, and
+# every session's failures are listed last, one line each.
 # Every session runs to the end, and the exit status is non-zero if any
 # failed. Interrupted (Ctrl-C, SIGTERM), the sessions are stopped as Ctrl-C
 # stops pytest (tests/conftest.py), so their fixtures stop what they started,
@@ -40,6 +41,7 @@ if [ "${1:-}" = down ]; then
 fi
 
 mkdir -p "$logs"
+rm -f "$logs"/*.xml # a report of an earlier run is not this run's
 # A cluster left by an interrupted run would be reused, state and all: the
 # e2e tier's is this script's alone, so it always starts fresh.
 stop_e2e_cluster
@@ -95,9 +97,11 @@ trap cleanup EXIT
 # overlap the cluster tiers' API-bound start, and the light unit tests their
 # CPU-bound end (the e2e tier trains for real), not the other way round.
 start_session "tests/trainer tests/images tests/unit" "$logs/local-tiers.log" -- \
-    tests/trainer tests/images tests/unit "$@"
-start_session "tests/cluster" "$logs/cluster-tier.log" -- tests/cluster "$@"
-start_session "tests/e2e (cluster in $e2e_cluster_dir/)" - "${e2e_env[@]}" -- tests/e2e "$@"
+    tests/trainer tests/images tests/unit --junitxml="$logs/local-tiers.xml" "$@"
+start_session "tests/cluster" "$logs/cluster-tier.log" -- \
+    tests/cluster --junitxml="$logs/cluster-tier.xml" "$@"
+start_session "tests/e2e (cluster in $e2e_cluster_dir/)" - "${e2e_env[@]}" -- \
+    tests/e2e --junitxml="$logs/e2e-tier.xml" "$@"
 
 summary=()
 done_logs=()
@@ -121,6 +125,9 @@ for pid in "${done_logs[@]}"; do
     echo "======== ${session_name[$pid]} (ran beside the others; ${session_log[$pid]}) ========"
     cat "${session_log[$pid]}"
 done
+# Last, where a truncated log still shows them: every failure's first line
+# (pytest's own summary cuts them at the terminal's width).
+"$py" dev/failures.py "$logs"/{local-tiers,cluster-tier,e2e-tier}.xml
 echo
 echo "test sessions (run at once, $(awk -v s=$SECONDS 'BEGIN { printf "%.1f", s / 60 }') min in all):"
 printf '%s\n' "${summary[@]}"
