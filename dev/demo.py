@@ -283,9 +283,8 @@ def report(status: dict[str, Any], killed_at: float | None) -> None:
         counted = (status.get("inPlaceRestarts") or {}).get("total", 0)
         logged = [e["restarts"] for e in flat("in_place_restart") if e["time"] > killed_at]
         say(
-            f"restarts in place: {logged[-1] if logged else 0} (the trainer's log; "
-            f"status.inPlaceRestarts counted {counted}: a round that ends before the "
-            f"operator's next scrape is not counted), of the gang: {status.get('restartCount')}; "
+            f"restarts in place: {counted} (status.inPlaceRestarts; the trainer logged "
+            f"{logged[-1] if logged else 0}), of the gang: {status.get('restartCount')}; "
             f"last checkpoint before the kill: step {before}; training resumed at step "
             f"{after[0] if after else '?'}"
         )

@@ -130,9 +130,12 @@ def _active(step: Pass, spec: TrainingJobSpec) -> Plan:
         return finish.finished(step, spec)
     if invalid.fail_if_pods_refused(step):
         return finish.finished(step, spec)
-    if success.finish_if_succeeded(step, spec, current):
+    # Counted first: a round that ended within the scrape interval is only in
+    # the finished pods' termination messages.
+    done = success.succeeded(spec.run_policy.success_policy, current, spec.nodes)
+    if in_place.record(step, spec, current, may_fail=not done):  # past backoffLimit
         return finish.finished(step, spec)
-    if in_place.record(step, spec):  # restarts in place past backoffLimit
+    if success.finish_if_succeeded(step, spec, current):
         return finish.finished(step, spec)
 
     found = failure.failures(step, spec, current, restart)

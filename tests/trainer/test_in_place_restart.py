@@ -92,7 +92,12 @@ class Pods:
 
 def test_a_killed_worker_restarts_every_pods_workers_in_place(tmp_path: Path) -> None:
     port = free_port()
-    pods = [TrainerProcess([], pod_env(rank, port, tmp_path)) for rank in range(NODES)]
+    # Each pod's termination message file, as the kubelet gives every container one.
+    messages = [tmp_path / f"termination-{rank}" for rank in range(NODES)]
+    pods = [
+        TrainerProcess([], pod_env(rank, port, tmp_path) | {contract.TERMINATION_MESSAGE: str(m)})
+        for rank, m in enumerate(messages)
+    ]
     gang_events = Pods(pods)
     try:
         saved = gang_events.wait_for(lambda e: e["event"] == "checkpoint")["step"]
@@ -119,6 +124,9 @@ def test_a_killed_worker_restarts_every_pods_workers_in_place(tmp_path: Path) ->
             contract.RESTART_REASON_WORKER_KILLED: 1,
         }
         assert resumed["step"] >= saved and resumed["step"] % INTERVAL == 0, (resumed, saved)
+        # Every pod's last word says so too, should the job end before a scrape.
+        summary = contract.in_place_summary(1, contract.RESTART_REASON_WORKER_KILLED)
+        assert [m.read_text() for m in messages] == [summary] * NODES
         gang_events.wait_for(lambda e: e["event"] == "step" and e["step"] > resumed["step"])
         print(f"in place: kill -> first step of the new round: {time.monotonic() - killed:.1f}s")
         assert [pod.proc.poll() for pod in pods] == [None] * NODES
@@ -135,6 +143,8 @@ def test_a_killed_worker_restarts_every_pods_workers_in_place(tmp_path: Path) ->
     # the others' lost peer; both retryable under the operator's ExitCode policy.
     expected = [EXIT_COLLECTIVE_FAILED, EXIT_COLLECTIVE_FAILED, 128 + signal.SIGKILL]
     assert codes == expected, (codes, [p.stderr[-1500:] for p in pods])
+    # Failed pods' messages are their logs' tails (FallbackToLogsOnError), not the count.
+    assert [m.read_text() for m in messages] == [""] * NODES
     # Each round kept its own logs.
     rounds = {p.name for p in (tmp_path / contract.LOGS_SUBDIR / "gen-0").iterdir()}
     assert rounds == {"round-0", "round-1"}, rounds

@@ -636,6 +636,33 @@ TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 
 TORCHELASTIC_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
 
+# The same count, left as the container's termination message by every pod's
+# local rank 0 (and removed again by a launcher that exits with a failure, whose
+# log tail says more): a round the operator's scrape never saw (the job ended
+# within the scrape interval) is still counted when the pod ends.
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"  # the API server's default path
+# Where the trainer writes it: set by the operator on pods that restart in place
+# (unset, as outside a pod, nothing is written).
+TERMINATION_MESSAGE = "TORCHFLEET_TERMINATION_MESSAGE"
+_IN_PLACE_SUMMARY = "torchfleet-train: in-place restarts in this gang: "
+
+
+def in_place_summary(restarts: int, reason: str | None) -> str:
+    return f"{_IN_PLACE_SUMMARY}{restarts}" + (f" ({reason})" if reason else "")
+
+
+def parse_in_place_summary(message: str | None) -> tuple[int, str | None] | None:
+    """(restarts, reason) from a termination message that is in_place_summary's,
+    None for any other (a failed container's log tail)."""
+    text = (message or "").strip()
+    if not text.startswith(_IN_PLACE_SUMMARY) or "\n" in text:
+        return None
+    count, _, rest = text.removeprefix(_IN_PLACE_SUMMARY).partition(" ")
+    reason = rest.removeprefix("(").removesuffix(")") if rest else None
+    if not count.isdigit() or (reason is not None and reason not in RESTART_REASONS):
+        return None
+    return int(count), reason
+
 
 def in_place_round(env: Mapping[str, str] | None = None) -> int:
     """This worker's in-place round: its agent's restarts after a failure so far."""

@@ -148,7 +148,22 @@ def launch(
         # oversubscribe the node. The workers inherit this; a user's value wins.
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory(prefix="torchfleet-outcomes-") as outcomes:
-        return run_workers(launch_config, config.model_dump_json(by_alias=True), Path(outcomes))
+        code = run_workers(launch_config, config.model_dump_json(by_alias=True), Path(outcomes))
+    if code != 0:
+        remove_in_place_summary()
+    return code
+
+
+def remove_in_place_summary() -> None:
+    """Empties the termination message a worker left (train.leave_in_place_summary),
+    so that a failed pod's says what its log's tail says (FallbackToLogsOnError)."""
+    path = os.environ.get(contract.TERMINATION_MESSAGE)
+    if path and os.path.exists(path):
+        try:
+            with open(path, "w"):
+                pass
+        except OSError as err:
+            print(f"torchfleet-train: cannot empty {path}: {err}", file=sys.stderr)
 
 
 def start_forkserver() -> None:

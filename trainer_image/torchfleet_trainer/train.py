@@ -843,6 +843,8 @@ def report_in_place_restarts(
     if runtime.world_size > 1:
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
     restarts, which = agreed.tolist()
+    if restarts and runtime.local_rank == 0:
+        leave_in_place_summary(restarts, reasons[which - 1] if which else None)
     if metrics:
         metrics.in_place_restarts.set(restarts)
         for index, each in enumerate(reasons, start=1):
@@ -850,6 +852,18 @@ def report_in_place_restarts(
     if restarts and runtime.is_logger and config.metrics.json_logs:
         last = reasons[which - 1] if which else None
         log_json("in_place_restart", restarts=restarts, reason=last)
+
+
+def leave_in_place_summary(restarts: int, reason: str | None) -> None:
+    """The gang's in-place count as this pod's termination message, for the
+    operator to count a round whose scrape it missed (contract.in_place_summary)."""
+    path = os.environ.get(contract.TERMINATION_MESSAGE)
+    if not path:
+        return
+    try:
+        Path(path).write_text(contract.in_place_summary(restarts, reason))
+    except OSError as err:  # a status detail: never a reason to stop training
+        print(f"torchfleet-train: cannot write {path}: {err}", file=sys.stderr)
 
 
 def run_worker(config: TrainConfig, restart_reason: str | None = None) -> RunResult:

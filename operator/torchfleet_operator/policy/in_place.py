@@ -17,30 +17,35 @@ twice; ``status.restarts`` adds them to ``restartCount`` for ``kubectl get``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.api import reasons as r
 from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
+from torchfleet_operator.observed import ObservedPod
 from torchfleet_operator.planning import Pass
 from torchfleet_operator.policy import failure, kept_logs, reporting
+from torchfleet_trainer import contract
 
 
-def record(step: Pass, spec: TrainingJobSpec) -> bool:
-    """Counts the in-place restarts the current gang reports; True when they
-    passed backoffLimit (the pass then fails the job)."""
+def record(
+    step: Pass, spec: TrainingJobSpec, gang: Iterable[ObservedPod], may_fail: bool = True
+) -> bool:
+    """Counts the in-place restarts the current ``gang`` reports; True when they
+    passed backoffLimit and ``may_fail`` (the pass then fails the job; a gang
+    that succeeded meanwhile is not failed for a count that came late)."""
     restart = int(step.status.get("restartCount") or 0)
     shown = step.status.get("inPlaceRestarts")
     shown = dict(shown) if isinstance(shown, dict) else {}
     if shown.get("gang") != restart:  # a new gang's launchers count from 0
         shown |= {"gang": restart, "inGang": 0}
-    reported = _reported(step)
+    reported, reason = _reported(step, gang)
     seen = int(shown.get("inGang") or 0)
     if reported is None or reported <= seen:
         if shown.get("total"):
             step.status["inPlaceRestarts"] = shown
         return False
     added = reported - seen
-    health = step.observed.health
-    reason = health.in_place_reason if health is not None else None
     shown |= {
         "total": int(shown.get("total") or 0) + added,
         "inGang": reported,
@@ -61,17 +66,29 @@ def record(step: Pass, spec: TrainingJobSpec) -> bool:
     )
     step.event("Warning", r.EVENT_IN_PLACE_RESTART, message)
     step.plan.in_place_restarts += [reason or "unknown"] * added
-    if counted <= limit:
+    if counted <= limit or not may_fail:
         return False
     step.finish(c.PHASE_FAILED, r.REASON_BACKOFF_LIMIT_EXCEEDED, message)
     return True
 
 
-def _reported(step: Pass) -> int | None:
-    """The current gang's count from a scrape status.progress shows (this gang's)."""
+def _reported(step: Pass, gang: Iterable[ObservedPod]) -> tuple[int | None, str | None]:
+    """The current gang's count and last reason: the most that a scrape
+    status.progress shows (this gang's) and a finished pod's termination message
+    say (the pod's last word, for a round that ended before the next scrape)."""
+    said = [
+        summary
+        for pod in gang
+        if pod.finished and (summary := contract.parse_in_place_summary(pod.message))
+    ]
     health = step.observed.health
-    if health is None or health.in_place_restarts is None:
-        return None
-    if step.old_status.get("phase") != c.PHASE_RUNNING:
-        return None
-    return health.in_place_restarts if reporting.scrape_is_shown(step) else None
+    if (
+        health is not None
+        and health.in_place_restarts is not None
+        and step.old_status.get("phase") == c.PHASE_RUNNING
+        and reporting.scrape_is_shown(step)
+    ):
+        said.append((health.in_place_restarts, health.in_place_reason))
+    if not said:
+        return None, None
+    return max(said, key=lambda summary: summary[0])

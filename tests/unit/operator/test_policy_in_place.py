@@ -14,7 +14,7 @@ from torchfleet_operator.status.conditions import find
 from torchfleet_operator.status.node_health import GangHealth
 from torchfleet_trainer import contract
 
-from .builders import CONFIG, at, gang, job, observed, running_status, spec_of, stamp
+from .builders import CONFIG, at, gang, job, observed, pod, running_status, spec_of, stamp
 
 POLICY = {"inPlaceRestarts": 3, "backoffLimit": 2}
 
@@ -76,6 +76,41 @@ def test_in_place_restarts_past_backoff_limit_fail_the_job():
     assert "3 counted restarts of backoffLimit 2" in failed["message"]
 
 
+def finished_gang(message: str | None, exit_code: int = 0) -> Any:
+    """A pass over a gang whose master just exited (``message``: its termination
+    message) before any scrape showed an in-place restart."""
+    phase = "Succeeded" if exit_code == 0 else "Failed"
+    master = pod("llm", 0, 2, phase=phase, exit_code=exit_code, message=message)
+    seen = observed(*gang("llm", 3, 2, **{master.name: master}))
+    before = {"countedRestarts": 2}  # the gang restarts before this gang (its third)
+    body = job(status=running_status(2, **before), runPolicy=POLICY)
+    return plan(body, seen, at(10), CONFIG)
+
+
+@pytest.mark.parametrize(
+    ("message", "exit_code", "total", "phase"),
+    [
+        # The round ended and the job with it before a scrape: the pod's last word.
+        (contract.in_place_summary(1, "worker_killed"), 0, 1, "Succeeded"),
+        # Past backoffLimit (2 + 1 > 2), but the program finished: it succeeded.
+        (contract.in_place_summary(1, None), 0, 1, "Succeeded"),
+        (None, 0, None, "Succeeded"),
+        # A failed pod's log tail (FallbackToLogsOnError) is never read as a count.
+        ("Traceback ...\nRuntimeError: 3", 1, None, "Failed"),  # its third failure
+        ("torchfleet-train: in-place restarts in this gang: 1 (oops)", 0, None, "Succeeded"),
+    ],
+)
+def test_a_round_only_the_termination_message_tells_is_counted(message, exit_code, total, phase):
+    decided = finished_gang(message, exit_code)
+    shown = decided.status.get("inPlaceRestarts") or {}
+    assert shown.get("total") == total, decided.status
+    assert decided.status["phase"] == phase
+    if total:
+        reason = contract.parse_in_place_summary(message)[1]  # type: ignore[index]
+        assert shown.get("lastReason") == reason
+        assert decided.status["countedRestarts"] == 3
+
+
 def test_launchers_get_the_budget_and_the_operators_exit_code_rule():
     spec = spec_of(
         runPolicy={"inPlaceRestarts": 2, "restartPolicy": "ExitCode", "permanentExitCodes": [3]}
@@ -85,6 +120,7 @@ def test_launchers_get_the_budget_and_the_operators_exit_code_rule():
     policy = contract.ExitCodePolicy.from_env(env)
     assert policy.restart_policy == "ExitCode" and policy.permanent_codes == {3}
     assert not policy.retries(3) and policy.retries(137)
+    assert env[contract.TERMINATION_MESSAGE] == contract.TERMINATION_MESSAGE_PATH
     off = contract_env("llm", "team", "uid", spec_of(runPolicy={"inPlaceRestarts": 0}), 1, 0)
     assert contract.IN_PLACE_RESTARTS not in off and contract.RESTART_POLICY not in off
 
