@@ -178,6 +178,16 @@ LABEL_VALUE_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 LabelValue = Annotated[
     str, StringConstraints(min_length=1, max_length=63, pattern=LABEL_VALUE_PATTERN)
 ]
+# Label keys (a node label naming a topology level): an optional DNS-subdomain
+# prefix and "/", then a name of at most 63 characters (the bounded repeat says
+# so where a length limit on the whole key cannot).
+LABEL_KEY_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+LabelKey = Annotated[
+    str, StringConstraints(min_length=1, max_length=253 + 1 + 63, pattern=LABEL_KEY_PATTERN)
+]
 # Extended resource names such as rdma/ib or nvidia.com/gpu: domain-qualified.
 RESOURCE_NAME_PATTERN = (
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"

@@ -30,6 +30,7 @@ from torchfleet_operator.api import podspec
 from torchfleet_operator.api.base import (
     ApiModel,
     DnsSubdomain,
+    LabelKey,
     LabelValue,
     Quantity,
     ResourceName,
@@ -586,7 +587,7 @@ class TopologySpec(ApiModel):
     scheduling): Kueue admits the gang only where the domain has room and the
     pods are created on the nodes it assigned."""
 
-    key: Annotated[str, StringConstraints(min_length=1, max_length=317)] = Field(
+    key: LabelKey = Field(
         description="Node label naming the domain (the topology level), e.g. "
         "topology.kubernetes.io/zone or cloud.provider.com/topology-block. Queued in "
         "Kueue, it must be a level of the Topology of the ResourceFlavor it admits from.",

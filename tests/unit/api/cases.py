@@ -531,6 +531,17 @@ INVALID: tuple[Invalid, ...] = (
         "spec.scheduling.topology.key",
         nested("scheduling.topology", {"mode": "Required"}),
     ),
+    # A label key's name is at most 63 characters, its prefix or not.
+    _case(
+        "topology-key-name-too-long",
+        "spec.scheduling.topology.key",
+        nested("scheduling.topology.key", "example.com/" + "r" * 64),
+    ),
+    _case(
+        "topology-key-not-a-label-key",
+        "spec.scheduling.topology.key",
+        nested("scheduling.topology.key", "rack id"),
+    ),
     _case(
         "degrees-do-not-fit",
         "spec.trainer.parallel",
