@@ -193,9 +193,10 @@ def test_a_killed_rank_restarts_in_place_then_a_throttled_node_is_left(
         killed_log = (logs / "round-0" / f"rank-{killed_rank}.log").read_text(errors="replace")
         rank_zero_log = (logs / "round-0" / "rank-0.log").read_text(errors="replace")
         second_round = sorted(p.name for p in (logs / "round-1").iterdir())
+        # Posted after the status write that shows the restart: waited for.
         in_place_events = [
             e["message"]
-            for e in job_driver.events(namespace, NAME)
+            for e in job_driver.wait_events(namespace, NAME, {"InPlaceRestart"}, type="Warning")
             if e["reason"] == "InPlaceRestart"
         ]
 
