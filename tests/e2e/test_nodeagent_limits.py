@@ -217,9 +217,11 @@ def test_cpu_limits_and_the_node_throttle_hold_a_pods_whole_tree(cluster, namesp
     assert limited["cpu"] != free["cpu"]
 
     rates = cpu_rates({"limited": limited["cpuacct"], "free": free["cpuacct"]})
-    # Two busy processes would take both CPUs; 200m holds them to 0.2 CPU
-    # (the band catches no quota, and a unit slip of 2x or more).
-    assert 0.1 < rates["limited"] < 0.25, rates
+    # Two busy processes would take both CPUs; 200m holds them to 0.2 CPU: the
+    # upper bound catches no quota (the quota file's 20_000 below, a unit slip).
+    # CFS quota is a ceiling, not a share: beside make test's other sessions
+    # the pair got 0.085, so the floor only catches a quota ten times too low.
+    assert 0.04 < rates["limited"] < 0.25, rates
     # Unlimited, one busy process took more than two limited ones meanwhile.
     assert rates["free"] > rates["limited"], rates
     free_cap = THROTTLE * cgroups.machine_cpus()
@@ -235,7 +237,7 @@ def test_cpu_limits_and_the_node_throttle_hold_a_pods_whole_tree(cluster, namesp
 
     # The limited pod runs at a tenth of its limit; the unlimited one at a
     # tenth of the machine's CPUs.
-    assert 0.01 < throttled["limited"] < 0.025, (rates, throttled)
+    assert 0.005 < throttled["limited"] < 0.025, (rates, throttled)
     assert throttled["free"] < free_cap * 1.1, (rates, throttled)
     assert quota(free) == cgroups.NO_QUOTA
 
