@@ -79,6 +79,9 @@ class ObservedPod:
     sidecars_running: bool = False
     # The scheduler's PodScheduled=False "reason: message", while unscheduled.
     unschedulable: str | None = None
+    # The gang's in-place restarts and the last reason, as its termination
+    # message left them (a round that ended before the operator's next scrape).
+    in_place_report: tuple[int, str | None] | None = None
 
     @property
     def finished(self) -> bool:
@@ -136,6 +139,7 @@ class ObservedPod:
             stuck_reason=stuck[0],
             stuck_message=stuck[1],
             started_at=parse_time(status.get("startTime")),
+            in_place_report=contract.reported_in_place_restarts(trainer_report(pod)),
         )
 
 
@@ -204,9 +208,10 @@ _MESSAGE_LIMIT = 4096
 _STEP_LIMIT = 2**63 - 1  # the status's int64
 
 
-def saved_checkpoint(pod: dict[str, Any]) -> SavedCheckpoint | None:
-    """The trainer container's report of its last save; None without one, and
-    for any message that is not exactly that report (a log tail, a script's own)."""
+def trainer_report(pod: dict[str, Any]) -> dict[str, Any] | None:
+    """The trainer container's termination message as the trainer writes it (one
+    JSON object: contract.TERMINATION_MESSAGE_PATH); None for any other message
+    (a log tail, a script's own) or none."""
     for container in (pod.get("status") or {}).get("containerStatuses") or ():
         if not isinstance(container, dict) or container.get("name") != TRAINER_CONTAINER_NAME:
             continue
@@ -217,14 +222,20 @@ def saved_checkpoint(pod: dict[str, Any]) -> SavedCheckpoint | None:
             report = json.loads(message)
         except ValueError:
             return None
-        if not isinstance(report, dict):
-            return None
-        step = report.get(contract.SAVED_CHECKPOINT_STEP)
-        when = parse_time(report.get(contract.SAVED_CHECKPOINT_TIME))
-        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= _STEP_LIMIT:
-            return None
-        return None if when is None else SavedCheckpoint(step, when)
+        return report if isinstance(report, dict) else None
     return None
+
+
+def saved_checkpoint(pod: dict[str, Any]) -> SavedCheckpoint | None:
+    """The trainer container's report of its last save; None without one."""
+    report = trainer_report(pod)
+    if report is None:
+        return None
+    step = report.get(contract.SAVED_CHECKPOINT_STEP)
+    when = parse_time(report.get(contract.SAVED_CHECKPOINT_TIME))
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= _STEP_LIMIT:
+        return None
+    return None if when is None else SavedCheckpoint(step, when)
 
 
 # Waiting reasons of a container that will not start without a change elsewhere.

@@ -13,6 +13,7 @@ worker's SIGKILL), the others' with 202 (a lost peer).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -92,10 +93,14 @@ class Pods:
 
 def test_a_killed_worker_restarts_every_pods_workers_in_place(tmp_path: Path) -> None:
     port = free_port()
-    # Each pod's termination message file, as the kubelet gives every container one.
+    # Each pod's termination message file, made empty as the kubelet makes one.
     messages = [tmp_path / f"termination-{rank}" for rank in range(NODES)]
+    for message in messages:
+        message.write_text("")
     pods = [
-        TrainerProcess([], pod_env(rank, port, tmp_path) | {contract.TERMINATION_MESSAGE: str(m)})
+        TrainerProcess(
+            [], pod_env(rank, port, tmp_path) | {contract.TERMINATION_MESSAGE_PATH_ENV: str(m)}
+        )
         for rank, m in enumerate(messages)
     ]
     gang_events = Pods(pods)
@@ -125,8 +130,8 @@ def test_a_killed_worker_restarts_every_pods_workers_in_place(tmp_path: Path) ->
         }
         assert resumed["step"] >= saved and resumed["step"] % INTERVAL == 0, (resumed, saved)
         # Every pod's last word says so too, should the job end before a scrape.
-        summary = contract.in_place_summary(1, contract.RESTART_REASON_WORKER_KILLED)
-        assert [m.read_text() for m in messages] == [summary] * NODES
+        reports = [contract.reported_in_place_restarts(json.loads(m.read_text())) for m in messages]
+        assert reports == [(1, contract.RESTART_REASON_WORKER_KILLED)] * NODES
         gang_events.wait_for(lambda e: e["event"] == "step" and e["step"] > resumed["step"])
         print(f"in place: kill -> first step of the new round: {time.monotonic() - killed:.1f}s")
         assert [pod.proc.poll() for pod in pods] == [None] * NODES

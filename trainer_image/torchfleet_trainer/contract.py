@@ -122,16 +122,25 @@ METRIC_MFU = "torchfleet_train_mfu_ratio"  # 0-1
 # A histogram of each checkpoint save's seconds: its _sum and _count.
 METRIC_CHECKPOINT_SAVE_SECONDS = "torchfleet_checkpoint_save_seconds"
 
-# The trainer's termination message after a preemption it saved for: the step
-# and time of that last save, made in the grace period after the operator's
-# last scrape, reach the operator in the pod's terminated container status.
-# Written only then, so a crash still gets the log tail the kubelet falls back
-# to (terminationMessagePolicy FallbackToLogsOnError). One JSON object:
-# {"checkpointStep": 139, "checkpointTime": "2026-11-26T17:02:03Z"}.
+# The trainer's termination message: what it knew last that the operator's
+# last scrape may have missed, in the pod's terminated container status. One
+# JSON object, whose fields are written when they happen:
+# * after a preemption it saved for, the step and time of that save (made in
+#   the grace period after the last scrape);
+# * after an in-place restart, the gang's count and the last one's reason (a
+#   job can end within a scrape interval of its restart), by every pod's local
+#   rank 0, in a container that has the file (the kubelet makes it).
+# A launcher that exits with a failure without a saved preemption empties it,
+# so a crash still gets the log tail the kubelet falls back to
+# (terminationMessagePolicy FallbackToLogsOnError). For example
+# {"checkpointStep": 139, "checkpointTime": "2026-11-26T17:02:03Z",
+#  "inPlaceRestarts": 1, "inPlaceReason": "worker_killed"}.
 TERMINATION_MESSAGE_PATH = "/dev/termination-log"  # Kubernetes' default path
 TERMINATION_MESSAGE_PATH_ENV = "TORCHFLEET_TERMINATION_MESSAGE_PATH"  # elsewhere (tests)
 SAVED_CHECKPOINT_STEP = "checkpointStep"
 SAVED_CHECKPOINT_TIME = "checkpointTime"
+REPORTED_IN_PLACE_RESTARTS = "inPlaceRestarts"
+REPORTED_IN_PLACE_REASON = "inPlaceReason"
 
 
 class ContractError(ValueError):
@@ -636,38 +645,25 @@ TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 
 TORCHELASTIC_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
 
-# The same count, left as the container's termination message by every pod's
-# local rank 0 (and removed again by a launcher that exits with a failure, whose
-# log tail says more): a round the operator's scrape never saw (the job ended
-# within the scrape interval) is still counted when the pod ends.
-TERMINATION_MESSAGE_PATH = "/dev/termination-log"  # the API server's default path
-# Where the trainer writes it: set by the operator on pods that restart in place
-# (unset, as outside a pod, nothing is written).
-TERMINATION_MESSAGE = "TORCHFLEET_TERMINATION_MESSAGE"
-_IN_PLACE_SUMMARY = "torchfleet-train: in-place restarts in this gang: "
-
-
-def in_place_summary(restarts: int, reason: str | None) -> str:
-    return f"{_IN_PLACE_SUMMARY}{restarts}" + (f" ({reason})" if reason else "")
-
-
-def parse_in_place_summary(message: str | None) -> tuple[int, str | None] | None:
-    """(restarts, reason) from a termination message that is in_place_summary's,
-    None for any other (a failed container's log tail)."""
-    text = (message or "").strip()
-    if not text.startswith(_IN_PLACE_SUMMARY) or "\n" in text:
-        return None
-    count, _, rest = text.removeprefix(_IN_PLACE_SUMMARY).partition(" ")
-    reason = rest.removeprefix("(").removesuffix(")") if rest else None
-    if not count.isdigit() or (reason is not None and reason not in RESTART_REASONS):
-        return None
-    return int(count), reason
-
 
 def in_place_round(env: Mapping[str, str] | None = None) -> int:
     """This worker's in-place round: its agent's restarts after a failure so far."""
     env = os.environ if env is None else env
     return _int(env, TORCHELASTIC_RESTART_COUNT, 0)
+
+
+def reported_in_place_restarts(report: object) -> tuple[int, str | None] | None:
+    """(restarts, reason) from a termination message's JSON object; None where it
+    has none (or not as the trainer writes them)."""
+    if not isinstance(report, dict):
+        return None
+    count = report.get(REPORTED_IN_PLACE_RESTARTS)
+    reason = report.get(REPORTED_IN_PLACE_REASON)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        return None
+    if reason is not None and reason not in RESTART_REASONS:
+        return None
+    return count, reason
 
 
 def in_place_restarts_left(env: Mapping[str, str] | None = None) -> int:

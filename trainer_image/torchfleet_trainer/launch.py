@@ -45,7 +45,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from torchfleet_trainer import contract, logtee, lost_peer
+from torchfleet_trainer import contract, logtee, lost_peer, termination
 from torchfleet_trainer.config import (
     ConfigError,
     TrainConfig,
@@ -150,20 +150,8 @@ def launch(
     with tempfile.TemporaryDirectory(prefix="torchfleet-outcomes-") as outcomes:
         code = run_workers(launch_config, config.model_dump_json(by_alias=True), Path(outcomes))
     if code != 0:
-        remove_in_place_summary()
+        termination.keep_only_a_saved_preemption(Path(pod.termination_message_path))
     return code
-
-
-def remove_in_place_summary() -> None:
-    """Empties the termination message a worker left (train.leave_in_place_summary),
-    so that a failed pod's says what its log's tail says (FallbackToLogsOnError)."""
-    path = os.environ.get(contract.TERMINATION_MESSAGE)
-    if path and os.path.exists(path):
-        try:
-            with open(path, "w"):
-                pass
-        except OSError as err:
-            print(f"torchfleet-train: cannot empty {path}: {err}", file=sys.stderr)
 
 
 def start_forkserver() -> None:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -21,7 +19,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from torchfleet_trainer import contract, tensorboard
+from torchfleet_trainer import contract, tensorboard, termination
 from torchfleet_trainer.checkpoint import Checkpointer
 from torchfleet_trainer.config import (
     ResolvedDegrees,
@@ -261,11 +259,9 @@ def write_termination_message(path: str, step: int) -> None:
     (contract.TERMINATION_MESSAGE_PATH); a container without the file (run
     outside Kubernetes) goes without, as the save itself is what matters."""
     saved = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    message = {contract.SAVED_CHECKPOINT_STEP: step, contract.SAVED_CHECKPOINT_TIME: saved}
-    try:
-        Path(path).write_text(json.dumps(message))
-    except OSError as err:
-        print(f"torchfleet-train: no termination message at {path}: {err}", file=sys.stderr)
+    termination.update(
+        Path(path), {contract.SAVED_CHECKPOINT_STEP: step, contract.SAVED_CHECKPOINT_TIME: saved}
+    )
 
 
 def seed_step(config: TrainConfig, step: int, runtime: Runtime) -> None:
@@ -855,15 +851,13 @@ def report_in_place_restarts(
 
 
 def leave_in_place_summary(restarts: int, reason: str | None) -> None:
-    """The gang's in-place count as this pod's termination message, for the
-    operator to count a round whose scrape it missed (contract.in_place_summary)."""
-    path = os.environ.get(contract.TERMINATION_MESSAGE)
-    if not path:
-        return
-    try:
-        Path(path).write_text(contract.in_place_summary(restarts, reason))
-    except OSError as err:  # a status detail: never a reason to stop training
-        print(f"torchfleet-train: cannot write {path}: {err}", file=sys.stderr)
+    """The gang's in-place count in this pod's termination message, for the
+    operator to count a round whose scrape it missed. Only in a container that
+    has the file (the kubelet makes it): outside one there is no operator."""
+    path = Path(pod_contract().termination_message_path)
+    if path.is_file():
+        counts = {contract.REPORTED_IN_PLACE_RESTARTS: restarts}
+        termination.update(path, counts | {contract.REPORTED_IN_PLACE_REASON: reason})
 
 
 def run_worker(config: TrainConfig, restart_reason: str | None = None) -> RunResult:

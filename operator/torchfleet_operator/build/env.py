@@ -71,8 +71,7 @@ def contract_env(
 
 def exit_code_policy(spec: TrainingJobSpec) -> dict[str, str]:
     """The run policy's exit-code rule, for the launchers that restart in place:
-    they judge a failed process as the operator would judge its pod; and where
-    they leave their count of those restarts when the pod ends."""
+    they judge a failed process as the operator would judge its pod."""
     policy = spec.run_policy
     if not spec.in_place_restarts:
         return {}
@@ -80,7 +79,6 @@ def exit_code_policy(spec: TrainingJobSpec) -> dict[str, str]:
         contract.RESTART_POLICY: policy.restart_policy,
         contract.RETRYABLE_EXIT_CODES: ",".join(map(str, policy.retryable_exit_codes or ())),
         contract.PERMANENT_EXIT_CODES: ",".join(map(str, policy.permanent_exit_codes or ())),
-        contract.TERMINATION_MESSAGE: contract.TERMINATION_MESSAGE_PATH,
     }
 
 

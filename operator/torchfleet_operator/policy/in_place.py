@@ -25,7 +25,6 @@ from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
 from torchfleet_operator.observed import ObservedPod
 from torchfleet_operator.planning import Pass
 from torchfleet_operator.policy import failure, kept_logs, reporting
-from torchfleet_trainer import contract
 
 
 def record(
@@ -76,11 +75,7 @@ def _reported(step: Pass, gang: Iterable[ObservedPod]) -> tuple[int | None, str 
     """The current gang's count and last reason: the most that a scrape
     status.progress shows (this gang's) and a finished pod's termination message
     say (the pod's last word, for a round that ended before the next scrape)."""
-    said = [
-        summary
-        for pod in gang
-        if pod.finished and (summary := contract.parse_in_place_summary(pod.message))
-    ]
+    said = [pod.in_place_report for pod in gang if pod.finished and pod.in_place_report]
     health = step.observed.health
     if (
         health is not None

@@ -105,6 +105,28 @@ def test_a_message_that_is_not_exactly_a_save_report_is_no_save(message):
 
 
 @pytest.mark.parametrize(
+    ("report", "read"),
+    [
+        ({"inPlaceRestarts": 1, "inPlaceReason": "worker_killed"}, (1, "worker_killed")),
+        ({"inPlaceRestarts": 2, "inPlaceReason": None}, (2, None)),
+        # Beside a saved preemption's report, each is read.
+        (json.loads(report(139, 43)) | {"inPlaceRestarts": 1}, (1, None)),
+        ({"inPlaceRestarts": -1}, None),
+        ({"inPlaceRestarts": True}, None),
+        ({"inPlaceRestarts": 1, "inPlaceReason": "oops"}, None),
+        (json.loads(report(139, 43)), None),
+    ],
+)
+def test_the_in_place_restarts_a_trainer_left_are_read_from_its_message(report, read):
+    assert parse_event("MODIFIED", preempted("a", json.dumps(report))).pod.in_place_report == read
+
+
+def test_a_log_tail_is_no_in_place_report():
+    tail = "torchfleet-train: ...\nRuntimeError: inPlaceRestarts"
+    assert parse_event("MODIFIED", preempted("a", tail)).pod.in_place_report is None
+
+
+@pytest.mark.parametrize(
     ("manifest", "why"),
     [
         ({"metadata": {"uid": "u", "namespace": "team"}}, "no job label"),

@@ -76,11 +76,11 @@ def test_in_place_restarts_past_backoff_limit_fail_the_job():
     assert "3 counted restarts of backoffLimit 2" in failed["message"]
 
 
-def finished_gang(message: str | None, exit_code: int = 0) -> Any:
-    """A pass over a gang whose master just exited (``message``: its termination
-    message) before any scrape showed an in-place restart."""
+def finished_gang(report: tuple[int, str | None] | None, exit_code: int = 0) -> Any:
+    """A pass over a gang whose master just exited, leaving ``report`` (its
+    termination message's in-place restarts), before any scrape showed one."""
     phase = "Succeeded" if exit_code == 0 else "Failed"
-    master = pod("llm", 0, 2, phase=phase, exit_code=exit_code, message=message)
+    master = pod("llm", 0, 2, phase=phase, exit_code=exit_code, in_place_report=report)
     seen = observed(*gang("llm", 3, 2, **{master.name: master}))
     before = {"countedRestarts": 2}  # the gang restarts before this gang (its third)
     body = job(status=running_status(2, **before), runPolicy=POLICY)
@@ -88,26 +88,25 @@ def finished_gang(message: str | None, exit_code: int = 0) -> Any:
 
 
 @pytest.mark.parametrize(
-    ("message", "exit_code", "total", "phase"),
+    ("report", "exit_code", "total", "phase"),
     [
         # The round ended and the job with it before a scrape: the pod's last word.
-        (contract.in_place_summary(1, "worker_killed"), 0, 1, "Succeeded"),
+        ((1, "worker_killed"), 0, 1, "Succeeded"),
         # Past backoffLimit (2 + 1 > 2), but the program finished: it succeeded.
-        (contract.in_place_summary(1, None), 0, 1, "Succeeded"),
+        ((1, None), 0, 1, "Succeeded"),
         (None, 0, None, "Succeeded"),
-        # A failed pod's log tail (FallbackToLogsOnError) is never read as a count.
-        ("Traceback ...\nRuntimeError: 3", 1, None, "Failed"),  # its third failure
-        ("torchfleet-train: in-place restarts in this gang: 1 (oops)", 0, None, "Succeeded"),
+        ((0, None), 0, None, "Succeeded"),
+        # A failed pod's third failure: the gang restart's count, not an in-place one.
+        (None, 1, None, "Failed"),
     ],
 )
-def test_a_round_only_the_termination_message_tells_is_counted(message, exit_code, total, phase):
-    decided = finished_gang(message, exit_code)
+def test_a_round_only_the_termination_message_tells_is_counted(report, exit_code, total, phase):
+    decided = finished_gang(report, exit_code)
     shown = decided.status.get("inPlaceRestarts") or {}
     assert shown.get("total") == total, decided.status
     assert decided.status["phase"] == phase
     if total:
-        reason = contract.parse_in_place_summary(message)[1]  # type: ignore[index]
-        assert shown.get("lastReason") == reason
+        assert shown.get("lastReason") == report[1]
         assert decided.status["countedRestarts"] == 3
 
 
@@ -120,7 +119,6 @@ def test_launchers_get_the_budget_and_the_operators_exit_code_rule():
     policy = contract.ExitCodePolicy.from_env(env)
     assert policy.restart_policy == "ExitCode" and policy.permanent_codes == {3}
     assert not policy.retries(3) and policy.retries(137)
-    assert env[contract.TERMINATION_MESSAGE] == contract.TERMINATION_MESSAGE_PATH
     off = contract_env("llm", "team", "uid", spec_of(runPolicy={"inPlaceRestarts": 0}), 1, 0)
     assert contract.IN_PLACE_RESTARTS not in off and contract.RESTART_POLICY not in off
 
