@@ -28,12 +28,12 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.fixtures.poll import wait_for
 from tests.fixtures.trainer import cpu_description
 from tests.trainer.cli_process import TrainerProcess, free_port
 from tests.trainer.test_in_place_restart import worker_pid
@@ -274,15 +274,20 @@ def test_a_node_joining_restarts_the_others_without_counting_a_failure(tmp_path:
             os.kill(pid, signal.SIGSTOP)
         os.kill(held.proc.pid, signal.SIGSTOP)  # B's agent, not its worker
         nodes.append(TrainerProcess(args, env[2]))
-        wait_until(
+        wait_for(
             "A's agent stopping its worker for the joiner",
             lambda: signal.SIGTERM in pending_signals(workers[0]),
+            timeout=TIMEOUT,
+            interval=0.05,
         )
         for pid in workers:
             os.kill(pid, signal.SIGCONT)
         # Reaped by its forkserver, which then tells the agent its exit code.
-        wait_until(
-            "B's worker stopped with the world", lambda: not Path(f"/proc/{workers[1]}").exists()
+        wait_for(
+            "B's worker stopped with the world",
+            lambda: not Path(f"/proc/{workers[1]}").exists(),
+            timeout=TIMEOUT,
+            interval=0.05,
         )
         os.kill(held.proc.pid, signal.SIGCONT)
         for node in nodes:
@@ -298,13 +303,6 @@ def test_a_node_joining_restarts_the_others_without_counting_a_failure(tmp_path:
     worlds = [e["world_size"] for e in events if e["event"] == "world"]
     assert worlds[0] == 2 and worlds[-1] == 3, worlds
     assert "stopped by a membership change" in held.stderr, held.stderr[-4000:]
-
-
-def wait_until(what: str, predicate: Callable[[], bool], timeout: float = TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"not seen in {timeout}s: {what}"
-        time.sleep(0.05)
 
 
 def pending_signals(pid: int) -> set[signal.Signals]:

@@ -75,7 +75,7 @@ def _round(handler: Any) -> int | None:
 
 def _is_elastic(handler: Any) -> bool:
     try:
-        return int(handler._settings.min_nodes) < int(handler._settings.max_nodes)
+        return int(handler.settings.min_nodes) < int(handler.settings.max_nodes)
     except (AttributeError, TypeError, ValueError):
         return False
 
@@ -126,7 +126,8 @@ def _next_rendezvous(original: Any) -> Any:
 def _num_nodes_waiting(original: Any) -> Any:
     def num_nodes_waiting(self: Any) -> int:
         waiting = int(original(self))  # syncs the state: drops nodes past their heartbeat
-        if _round(self) != getattr(self, _ROUND, _round(self)):
+        joined = getattr(self, _ROUND, None)
+        if joined is not None and _round(self) != joined:
             # Every participant of this node's round left it (this one dropped
             # for a missed heartbeat): the others train in a later round.
             return max(waiting, 1)
@@ -165,7 +166,7 @@ _installed = False
 def install(fallout_codes: Iterable[int]) -> bool:
     """Patches torch's c10d rendezvous handler and local agent (once); False when
     this torch lacks what the patches use. ``fallout_codes``: the exit codes of a
-    worker stopped because a peer stopped (membership_fallout)."""
+    worker stopped because a peer stopped (stopped_by_peers)."""
     global _installed
     if _installed:
         return True
