@@ -111,7 +111,7 @@ class TrainerProcess:
             self.events.append(event)
         # The whole of stderr: its end comes when the last process holding it
         # (the launcher's forkserver) is gone, a moment after the launcher.
-        self._stderr_reader.join(timeout=10)
+        self._stderr_reader.join(timeout=60)
         return code
 
     def of(self, kind: str) -> list[dict[str, Any]]:

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -88,6 +89,29 @@ def stopped_by_peers(exit_codes: Iterable[int], fallout_codes: frozenset[int]) -
     return bool(codes) and all(code in fallout_codes for code in codes)
 
 
+def _membership_changes(handler: Any) -> bool:
+    """Whether the membership changes within a heartbeat expiry (plus the state
+    cache's second), asked of the patched num_nodes_waiting: a node waiting, a
+    participant dropped, or a later round this node must join. The wait is
+    needed: a peer's stop reaches these workers at once, while the handler
+    reads the shared state at most once a second and drops a silent node only
+    once its heartbeats have expired (an e2e run counted a lost node so)."""
+    deadline = time.monotonic() + _expiry_seconds(handler) + 1.0
+    while handler.num_nodes_waiting() == 0:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
+def _expiry_seconds(handler: Any) -> float:
+    try:
+        settings = handler.settings
+        return float(settings.keep_alive_interval.total_seconds() * settings.keep_alive_max_attempt)
+    except (AttributeError, TypeError, ValueError):
+        return 6.0  # launch.py's own settings: 3 heartbeats of 2 s
+
+
 def _monitor_workers(original: Any, fallout_codes: frozenset[int]) -> Any:
     def monitor_workers(self: Any, worker_group: Any) -> Any:
         result = original(self, worker_group)
@@ -95,9 +119,7 @@ def _monitor_workers(original: Any, fallout_codes: frozenset[int]) -> Any:
         if result.state != WorkerState.FAILED or not _is_elastic(handler):
             return result
         codes = [failure.exitcode for failure in result.failures.values()]
-        # The patched num_nodes_waiting: a node waiting, a participant dropped,
-        # or a later round that this node must join.
-        if not stopped_by_peers(codes, fallout_codes) or handler.num_nodes_waiting() == 0:
+        if not stopped_by_peers(codes, fallout_codes) or not _membership_changes(handler):
             return result
         print(
             f"torchfleet-train: workers stopped by a membership change (exit codes "
