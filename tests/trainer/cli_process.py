@@ -11,10 +11,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from queue import Empty, Queue
 from typing import Any
 
 from tests.fixtures.trainer import trainer_env
+from torchfleet_trainer import procname
 
 
 def free_port() -> int:
@@ -116,3 +118,30 @@ class TrainerProcess:
 
     def of(self, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e["event"] == kind]
+
+
+def worker_pid(launcher: TrainerProcess) -> int:
+    """The training process the launcher's agent started: forked from the
+    launcher's forkserver, it named itself after its rank (procname.py)."""
+    pid = launcher.proc.pid
+    for child in children(pid):
+        for grandchild in children(child):
+            if procname.rank_of(grandchild) is not None:
+                return grandchild
+    raise AssertionError(f"launcher {pid} has no worker")
+
+
+def children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:  # exited meanwhile
+        return []
+
+
+def pending_signals(pid: int) -> set[signal.Signals]:
+    """The signals sent to ``pid`` that it has not handled yet (it is stopped)."""
+    mask = 0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(("SigPnd:", "ShdPnd:")):
+            mask |= int(line.split()[1], 16)
+    return {sig for sig in signal.Signals if mask >> (sig - 1) & 1}

@@ -35,8 +35,7 @@ import pytest
 
 from tests.fixtures.poll import wait_for
 from tests.fixtures.trainer import cpu_description
-from tests.trainer.cli_process import TrainerProcess, free_port
-from tests.trainer.test_in_place_restart import worker_pid
+from tests.trainer.cli_process import TrainerProcess, free_port, pending_signals, worker_pid
 from tests.trainer.test_strategies import GRAD_NORM_REL_TOL, LOSS_TOL, base, learnable_tokens
 from torchfleet_trainer import contract
 from torchfleet_trainer.checkpoint import MARKER, step_dir
@@ -303,12 +302,3 @@ def test_a_node_joining_restarts_the_others_without_counting_a_failure(tmp_path:
     worlds = [e["world_size"] for e in events if e["event"] == "world"]
     assert worlds[0] == 2 and worlds[-1] == 3, worlds
     assert "stopped by a membership change" in held.stderr, held.stderr[-4000:]
-
-
-def pending_signals(pid: int) -> set[signal.Signals]:
-    """The signals sent to ``pid`` that it has not handled yet (it is stopped)."""
-    mask = 0
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(("SigPnd:", "ShdPnd:")):
-            mask |= int(line.split()[1], 16)
-    return {sig for sig in signal.Signals if mask >> (sig - 1) & 1}

@@ -6,13 +6,16 @@ hosted by node rank 0's launcher. One worker (the training process, not its
 launcher) is SIGKILLed after a checkpoint: every launcher restarts its worker,
 the world meets again at three in a new round and resumes from the last
 checkpoint's step while all three launchers keep running; /metrics and rank
-0's log say one in-place restart, because a worker was killed. A second kill
-spends the budget: the launchers exit, the killed one's with 137 (its
-worker's SIGKILL), the others' with 202 (a lost peer).
+0's log say one in-place restart, because a worker was killed. Another pod's
+worker is held meanwhile, so that its agent sees the new round before its own
+worker fails: it must count the restart all the same. A second kill spends the
+budget: the launchers exit, the killed one's with 137 (its worker's SIGKILL),
+the others' with 202 (a lost peer).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -22,10 +25,11 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.poll import wait_for
 from tests.trainer import gang
-from tests.trainer.cli_process import TrainerProcess, free_port
+from tests.trainer.cli_process import TrainerProcess, free_port, pending_signals, worker_pid
 from tests.trainer.test_shakespeare_metrics import scrape
-from torchfleet_trainer import contract, procname
+from torchfleet_trainer import contract
 from torchfleet_trainer.launch import EXIT_COLLECTIVE_FAILED
 
 pytestmark = pytest.mark.trainer
@@ -48,24 +52,6 @@ def pod_env(rank: int, master_port: int, checkpoint_dir: Path) -> dict[str, str]
         checkpoint_dir=str(checkpoint_dir),
         in_place_restarts=1,
     )
-
-
-def worker_pid(launcher: TrainerProcess) -> int:
-    """The training process the launcher's agent started: forked from the
-    launcher's forkserver, it named itself after its rank (procname.py)."""
-    pid = launcher.proc.pid
-    for child in children(pid):
-        for grandchild in children(child):
-            if procname.rank_of(grandchild) is not None:
-                return grandchild
-    raise AssertionError(f"launcher {pid} has no worker")
-
-
-def children(pid: int) -> list[int]:
-    try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:  # exited meanwhile
-        return []
 
 
 class Pods:
@@ -107,8 +93,20 @@ def test_a_killed_worker_restarts_every_pods_workers_in_place(tmp_path: Path) ->
     try:
         saved = gang_events.wait_for(lambda e: e["event"] == "checkpoint")["step"]
         gang_events.wait_for(lambda e: e["event"] == "step" and e["step"] > saved)
+        # Pod 2's worker is held, as a slow one is, so its agent sees pod 1's
+        # agent waiting in the new round before it sees any failure of its own.
+        held = worker_pid(pods[2])
+        os.kill(held, signal.SIGSTOP)
         os.kill(worker_pid(pods[1]), signal.SIGKILL)
         killed = time.monotonic()
+        wait_for(
+            "pod 2's agent stopping its held worker for the new round",
+            lambda: not Path(f"/proc/{held}").exists() or signal.SIGTERM in pending_signals(held),
+            timeout=TIMEOUT,
+            interval=0.05,
+        )
+        with contextlib.suppress(ProcessLookupError):  # SIGKILLed, a lost peer's stop
+            os.kill(held, signal.SIGCONT)
 
         restart = gang_events.wait_for(lambda e: e["event"] == "in_place_restart")
         # The killed worker's pod saw no report from it; the others lost a peer.
@@ -146,8 +144,12 @@ def test_a_killed_worker_restarts_every_pods_workers_in_place(tmp_path: Path) ->
     print(f"saved at {saved}, resumed at {resumed['step']}, launchers exited {codes}")
     # Each launcher exits with its own workers' failure: the killed one's SIGKILL,
     # the others' lost peer; both retryable under the operator's ExitCode policy.
+    # Pod 2 too spent its budget on the first round, though its worker failed
+    # last: had it kept a restart it would now rejoin a closed rendezvous and
+    # exit 202 (lost_peer._count_a_peers_round).
     expected = [EXIT_COLLECTIVE_FAILED, EXIT_COLLECTIVE_FAILED, 128 + signal.SIGKILL]
     assert codes == expected, (codes, [p.stderr[-1500:] for p in pods])
+    assert "counted as this pod's in-place restart" in pods[2].stderr, pods[2].stderr[-4000:]
     # Failed pods' messages are their logs' tails (FallbackToLogsOnError), not the count.
     assert [m.read_text() for m in messages] == [""] * NODES
     # Each round kept its own logs.

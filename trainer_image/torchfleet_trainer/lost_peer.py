@@ -30,8 +30,11 @@ would report an in-place restart nobody's program caused. In an elastic job
 (minNodes < maxNodes) an agent whose workers all ended with one of those codes
 while the membership is changing (a node waiting, a participant dropped, or the
 rendezvous already at a later round) restarts them as torch does for a node
-joining, without counting. A fixed gang keeps torch's counting: there every
-agent counts every failed round, so all pods agree on the round.
+joining, without counting. A fixed gang is the other way round: only a failure
+starts a new round there, so every agent must count it, also one that sees the
+node waiting before its own workers see the failure (torch counts that one
+not); otherwise the pods' budgets part, and the agent that kept a restart
+spends it rejoining a rendezvous the others have left.
 
 All are class-level patches of torch's private rendezvous handler and agent,
 in the launcher process only. If a torch release renames what they use,
@@ -49,6 +52,7 @@ from typing import Any
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.rendezvous.api import RendezvousError
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
 # Set on a handler whose round lost a participant; read (and cleared) by the
@@ -112,11 +116,37 @@ def _expiry_seconds(handler: Any) -> float:
         return 6.0  # launch.py's own settings: 3 heartbeats of 2 s
 
 
+def _count_a_peers_round(agent: Any, handler: Any) -> None:
+    """In a fixed gang, spends one of this agent's restarts on a round another
+    agent started (a node waiting, a participant dropped): nothing but a
+    failure starts one there. torch would restart uncounted, and an agent
+    whose worker had not yet seen its peer fail would keep a restart the others
+    spent; its next failure then rejoins a rendezvous the others have left and
+    reports a lost peer instead of its own exit (CI, 2026-11-27)."""
+    left = getattr(agent, "_remaining_restarts", None)
+    if not isinstance(left, int) or handler.num_nodes_waiting() == 0:
+        return  # (a torch that keeps the count elsewhere counts as it did)
+    if left <= 0:
+        raise RendezvousError("a peer's workers failed and this pod's in-place budget is spent")
+    agent._remaining_restarts -= 1
+    print(
+        "torchfleet-train: a peer's workers failed first: counted as this pod's "
+        f"in-place restart ({agent._remaining_restarts} left)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def _monitor_workers(original: Any, fallout_codes: frozenset[int]) -> Any:
     def monitor_workers(self: Any, worker_group: Any) -> Any:
         result = original(self, worker_group)
         handler = worker_group.spec.rdzv_handler
-        if result.state != WorkerState.FAILED or not _is_elastic(handler):
+        if not _is_elastic(handler):
+            if result.state == WorkerState.HEALTHY:
+                # torch restarts from HEALTHY for the node waiting, uncounted
+                _count_a_peers_round(self, handler)
+            return result
+        if result.state != WorkerState.FAILED:
             return result
         codes = [failure.exitcode for failure in result.failures.values()]
         if not stopped_by_peers(codes, fallout_codes) or not _membership_changes(handler):
