@@ -7,15 +7,18 @@ pods, and the failure's condition is where users look first: it names the file
 of the pod that failed first, for its gang generation and the in-place round it
 failed in. An elastic job's ranks change from round to round, and the operator
 does not know the round a pod failed in: it names the generation's folder.
-Nothing is named for a command of the user's own (its output is not kept) or a
-job without a checkpoint directory.
+Nothing is named for a command of the user's own (its output is not kept), a
+job without a checkpoint directory, or pods whose trainer container turns kept
+logs off (TORCHFLEET_LOG_KEEP_GENERATIONS=0 in the role template's env).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from torchfleet_operator.api.constants import TRAINER_CONTAINER_NAME
 from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
+from torchfleet_operator.build.pods import template_for
 from torchfleet_trainer import contract
 
 
@@ -25,6 +28,28 @@ def logs_root(spec: TrainingJobSpec) -> str | None:
         return None
     own = spec.trainer.checkpoint.dir if spec.trainer is not None else None
     return own or (spec.checkpoint.mount_path if spec.checkpoint else None)
+
+
+def keeps_logs(spec: TrainingJobSpec, node_rank: int) -> bool:
+    """Whether the pod at ``node_rank`` keeps its output: not where its role
+    template's trainer container sets TORCHFLEET_LOG_KEEP_GENERATIONS to 0 (a
+    value from a reference, or one the trainer refuses, leaves it at the default)."""
+    template = template_for(spec, node_rank)
+    containers = (template.spec or {}).get("containers") if template else None
+    for container in containers or []:
+        if not isinstance(container, dict) or container.get("name") != TRAINER_CONTAINER_NAME:
+            continue
+        for var in container.get("env") or []:
+            if isinstance(var, dict) and var.get("name") == contract.LOG_KEEP_GENERATIONS:
+                return _as_int(var.get("value")) != 0
+    return True
+
+
+def _as_int(value: Any) -> int | None:
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        return None
 
 
 def in_place_round(status: dict[str, Any], restart: int) -> int:
@@ -39,7 +64,7 @@ def in_place_round(status: dict[str, Any], restart: int) -> int:
 def pod_logs(spec: TrainingJobSpec, restart: int, round_: int, node_rank: int) -> str | None:
     """Where the ranks of the pod at ``node_rank`` kept their output, as a phrase."""
     root = logs_root(spec)
-    if root is None:
+    if root is None or not keeps_logs(spec, node_rank):
         return None
     if spec.elastic is not None:
         folder = f"{root.rstrip('/')}/{contract.LOGS_SUBDIR}/gen-{restart}/"
@@ -57,7 +82,7 @@ def round_logs(spec: TrainingJobSpec, restart: int, round_: int) -> str | None:
     """Where every rank of the in-place round ``round_`` kept its output (an
     elastic job's: its generation's folder, as for one pod)."""
     root = logs_root(spec)
-    if root is None:
+    if root is None or not (keeps_logs(spec, 0) or keeps_logs(spec, 1)):
         return None
     if spec.elastic is not None:
         return pod_logs(spec, restart, round_, 0)

@@ -17,6 +17,13 @@ TRAINER = {"training": {"steps": 10, "globalBatchSize": 12}}
 CKPT = {"claimName": "ckpt"}
 
 
+def keeping(generations: str, replicas: int = 2) -> dict[str, Any]:
+    """A worker role whose trainer container keeps ``generations`` of logs."""
+    env = [{"name": "TORCHFLEET_LOG_KEEP_GENERATIONS", "value": generations}]
+    container = {"name": "trainer", "env": env}
+    return {"replicas": replicas, "template": {"spec": {"containers": [container]}}}
+
+
 @pytest.mark.parametrize(
     ("spec", "restart", "round_", "rank", "phrase"),
     [
@@ -59,6 +66,24 @@ CKPT = {"claimName": "ckpt"}
         ),
         ({}, 0, 0, 1, None),  # no checkpoint volume: nothing kept
         ({"checkpoint": CKPT, "command": ["python", "x.py"]}, 0, 0, 1, None),  # own command
+        ({"checkpoint": CKPT, "worker": keeping("0")}, 0, 0, 1, None),  # turned off
+        ({"checkpoint": CKPT, "worker": keeping(" 00 ")}, 0, 0, 1, None),
+        (  # turned off for the workers only: the master keeps its own
+            {"checkpoint": CKPT, "worker": keeping("0")},
+            0,
+            0,
+            0,
+            "its output is kept in /checkpoints/logs/gen-0/round-0/rank-0.log on the "
+            "checkpoint volume",
+        ),
+        (  # kept, if fewer generations
+            {"checkpoint": CKPT, "worker": keeping("2")},
+            0,
+            0,
+            1,
+            "its output is kept in /checkpoints/logs/gen-0/round-0/rank-1.log on the "
+            "checkpoint volume",
+        ),
     ],
 )
 def test_the_pods_kept_logs(spec, restart, round_, rank, phrase):
@@ -78,6 +103,14 @@ def test_the_pods_kept_logs(spec, restart, round_, rank, phrase):
 )
 def test_the_in_place_round_a_gang_is_in(status, restart, round_):
     assert kept_logs.in_place_round(status, restart) == round_
+
+
+def test_a_rounds_folder_is_named_while_any_role_keeps_its_logs():
+    for spec, named in (({"worker": keeping("0")}, True), ({}, True)):
+        assert (kept_logs.round_logs(spec_of(checkpoint=CKPT, **spec), 0, 0) is not None) == named
+    off = {"containers": [keeping("0")["template"]["spec"]["containers"][0]]}
+    both_off = spec_of(checkpoint=CKPT, worker=keeping("0"), master={"template": {"spec": off}})
+    assert kept_logs.round_logs(both_off, 0, 0) is None
 
 
 def failed_pass(status: dict[str, Any], **spec: Any) -> Any:
