@@ -26,6 +26,13 @@ $(VENV)/.installed: pyproject.toml
 .PHONY: venv
 venv: $(VENV)/.installed ## Python environment in .venv (all extras)
 
+# After deps: the build needs the C++ compiler that deps installs.
+$(VENV)/.deepspeed-ops: $(VENV)/.installed dev/deepspeed-ops.sh
+	dev/deepspeed-ops.sh $(PY) $@
+
+.PHONY: deepspeed-ops
+deepspeed-ops: venv deps $(VENV)/.deepspeed-ops ## DeepSpeed's CPU op compiled in, as in its image (cached)
+
 .PHONY: deps
 deps: ## Debian packages the tests and demo use (installed only when missing)
 	dev/ensure-debian-packages.sh
@@ -94,7 +101,7 @@ typecheck: venv ## mypy over both packages and the e2e harness
 	$(VENV)/bin/mypy dev/prometheus/prom.py
 
 .PHONY: test
-test: venv deps cluster-build kueue-build schedulers-build prometheus-build lint typecheck verify ## everything: set-up, lint, types, every test tier
+test: venv deps deepspeed-ops cluster-build kueue-build schedulers-build prometheus-build lint typecheck verify ## everything: set-up, lint, types, every test tier
 	PY=$(PY) dev/test-tiers.sh
 
 .PHONY: test-unit
@@ -110,7 +117,7 @@ test-trainer: venv ## tier 3: multi-process torch.distributed on CPU (+ trainer 
 	$(PY) -m pytest tests/unit/trainer tests/trainer
 
 .PHONY: test-e2e
-test-e2e: venv deps cluster-build prometheus-build ## tier 4: training through the operator on this machine
+test-e2e: venv deps deepspeed-ops cluster-build prometheus-build ## tier 4: training through the operator on this machine
 	$(PY) -m pytest tests/e2e
 
 .PHONY: test-helm

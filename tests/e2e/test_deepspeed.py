@@ -9,9 +9,11 @@ from DeepSpeed's ``latest`` checkpoint (the parameters it loads are the ones
 saved) and the job succeeds. The same script then runs under torchrun, which
 takes the gang from the pods' ``PET_*`` variables.
 
-DeepSpeed compiles its shared-memory collective op at a process's first start
-(``TORCH_EXTENSIONS_DIR``): the pods build it once into this machine's cache
-beside the cluster binaries, and every later start loads it.
+DeepSpeed's shared-memory collective op comes compiled into the venv's
+DeepSpeed (``make deepspeed-ops``, as the DeepSpeed trainer image has it).
+Where it was not (no compiler at set-up), DeepSpeed compiles it at a process's
+first start into ``TORCH_EXTENSIONS_DIR``, this machine's cache beside the
+cluster binaries, and later starts load it.
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ def wait_for_checkpoint(
     cluster: Any, agent: NodeAgent, namespace: str, name: str, timeout: float
 ) -> int:
     """The first step the master's script reports saved (the first start
-    compiles DeepSpeed's op: minutes on a busy machine)."""
+    may compile DeepSpeed's op: minutes on a busy machine)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         logs = agent.logs(namespace, f"{name}-master-0", "trainer")
