@@ -54,6 +54,16 @@ def pod_env(rank: int, master_port: int, checkpoint_dir: Path) -> dict[str, str]
     )
 
 
+def told_to_stop(pid: int) -> bool:
+    """Whether the held process ``pid`` has a SIGTERM waiting, or is gone (a
+    SIGKILL ends even a stopped process)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state == "Z" or signal.SIGTERM in pending_signals(pid)
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
 class Pods:
     """The launchers' events, read in order across calls: rank 0 logs, and after a
     new round rank 0 may be on any pod."""
@@ -101,7 +111,7 @@ def test_a_killed_worker_restarts_every_pods_workers_in_place(tmp_path: Path) ->
         killed = time.monotonic()
         wait_for(
             "pod 2's agent stopping its held worker for the new round",
-            lambda: not Path(f"/proc/{held}").exists() or signal.SIGTERM in pending_signals(held),
+            lambda: told_to_stop(held),
             timeout=TIMEOUT,
             interval=0.05,
         )
