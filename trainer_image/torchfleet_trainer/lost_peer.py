@@ -52,7 +52,6 @@ from typing import Any
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-from torch.distributed.elastic.rendezvous.api import RendezvousError
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
 # Set on a handler whose round lost a participant; read (and cleared) by the
@@ -124,10 +123,11 @@ def _count_a_peers_round(agent: Any, handler: Any) -> None:
     spent; its next failure then rejoins a rendezvous the others have left and
     reports a lost peer instead of its own exit (CI, 2026-11-27)."""
     left = getattr(agent, "_remaining_restarts", None)
-    if not isinstance(left, int) or handler.num_nodes_waiting() == 0:
-        return  # (a torch that keeps the count elsewhere counts as it did)
-    if left <= 0:
-        raise RendezvousError("a peer's workers failed and this pod's in-place budget is spent")
+    if not isinstance(left, int) or left <= 0 or handler.num_nodes_waiting() == 0:
+        # (Spent, no agent rejoins after a failure: a node waiting now is a
+        # silent one dropped, and the round waits for the operator's gang
+        # restart, as torch has it. Elsewhere: a torch that counts elsewhere.)
+        return
     agent._remaining_restarts -= 1
     print(
         "torchfleet-train: a peer's workers failed first: counted as this pod's "
