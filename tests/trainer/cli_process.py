@@ -52,7 +52,7 @@ class TrainerProcess:
             os.sched_setaffinity(self.proc.pid, cpus)
         self.events: list[dict[str, Any]] = []
         self._queue: Queue[dict[str, Any] | None] = Queue()
-        self.stderr = ""
+        self._stderr_lines: list[str] = []
         threading.Thread(target=self._read_stdout, daemon=True).start()
         self._stderr_reader = threading.Thread(target=self._read_stderr, daemon=True)
         self._stderr_reader.start()
@@ -66,8 +66,15 @@ class TrainerProcess:
         self._queue.put(None)
 
     def _read_stderr(self) -> None:
+        """Line by line, so that a test can wait on what the launcher says."""
         assert self.proc.stderr is not None
-        self.stderr = self.proc.stderr.read()
+        for line in self.proc.stderr:
+            self._stderr_lines.append(line)
+
+    @property
+    def stderr(self) -> str:
+        """What the process has written to stderr so far."""
+        return "".join(self._stderr_lines)
 
     def wait_for(
         self, predicate: Callable[[dict[str, Any]], bool], timeout: float

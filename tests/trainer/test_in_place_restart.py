@@ -27,7 +27,13 @@ import pytest
 
 from tests.fixtures.poll import wait_for
 from tests.trainer import gang
-from tests.trainer.cli_process import TrainerProcess, free_port, pending_signals, worker_pid
+from tests.trainer.cli_process import (
+    TrainerProcess,
+    children,
+    free_port,
+    pending_signals,
+    worker_pid,
+)
 from tests.trainer.test_shakespeare_metrics import scrape
 from torchfleet_trainer import contract
 from torchfleet_trainer.launch import EXIT_COLLECTIVE_FAILED
@@ -52,6 +58,13 @@ def pod_env(rank: int, master_port: int, checkpoint_dir: Path) -> dict[str, str]
         checkpoint_dir=str(checkpoint_dir),
         in_place_restarts=1,
     )
+
+
+def forkserver_pid(launcher: TrainerProcess) -> int:
+    """The launcher's forkserver: its workers' parent, which reaps them and
+    tells the agent their exit codes."""
+    worker = worker_pid(launcher)
+    return next(c for c in children(launcher.proc.pid) if worker in children(c))
 
 
 def told_to_stop(pid: int) -> bool:
@@ -100,6 +113,7 @@ def test_a_killed_worker_restarts_every_pods_workers_in_place(tmp_path: Path) ->
         for rank, m in enumerate(messages)
     ]
     gang_events = Pods(pods)
+    held_reaper: int | None = None
     try:
         saved = gang_events.wait_for(lambda e: e["event"] == "checkpoint")["step"]
         gang_events.wait_for(lambda e: e["event"] == "step" and e["step"] > saved)
@@ -144,9 +158,28 @@ def test_a_killed_worker_restarts_every_pods_workers_in_place(tmp_path: Path) ->
         print(f"in place: kill -> first step of the new round: {time.monotonic() - killed:.1f}s")
         assert [pod.proc.poll() for pod in pods] == [None] * NODES
 
-        os.kill(worker_pid(pods[2]), signal.SIGKILL)
-        codes = [pod.finish(timeout=TIMEOUT) for pod in pods]
+        # Pod 2's forkserver is held, so that the worker's death reaches its
+        # agent only after the others have exited and taken the rendezvous
+        # store with them, as a loaded machine can have it: the agent must
+        # still exit with its worker's code, not blame the store.
+        victim = worker_pid(pods[2])
+        reaper = forkserver_pid(pods[2])
+        os.kill(reaper, signal.SIGSTOP)
+        held_reaper = reaper
+        os.kill(victim, signal.SIGKILL)
+        codes = [pod.finish(timeout=TIMEOUT) for pod in pods[:2]]
+        wait_for(
+            "pod 2's agent finding the store gone while its worker's exit is held",
+            lambda: "the rendezvous store is gone" in pods[2].stderr,
+            timeout=TIMEOUT,
+            interval=0.05,
+        )
+        os.kill(reaper, signal.SIGCONT)
+        held_reaper = None
+        codes.append(pods[2].finish(timeout=TIMEOUT))
     finally:
+        if held_reaper is not None:
+            os.kill(held_reaper, signal.SIGKILL)
         for pod in pods:
             if pod.proc.poll() is None:
                 os.killpg(pod.proc.pid, signal.SIGKILL)
@@ -160,6 +193,7 @@ def test_a_killed_worker_restarts_every_pods_workers_in_place(tmp_path: Path) ->
     expected = [EXIT_COLLECTIVE_FAILED, EXIT_COLLECTIVE_FAILED, 128 + signal.SIGKILL]
     assert codes == expected, (codes, [p.stderr[-1500:] for p in pods])
     assert "counted as this pod's in-place restart" in pods[2].stderr, pods[2].stderr[-4000:]
+    assert "rendezvous:" not in pods[2].stderr, pods[2].stderr[-4000:]
     # Failed pods' messages are their logs' tails (FallbackToLogsOnError), not the count.
     assert [m.read_text() for m in messages] == [""] * NODES
     # Each round kept its own logs.

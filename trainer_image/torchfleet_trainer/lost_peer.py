@@ -36,6 +36,13 @@ node waiting before its own workers see the failure (torch counts that one
 not); otherwise the pods' budgets part, and the agent that kept a restart
 spends it rejoining a rendezvous the others have left.
 
+Last, an agent that finds the rendezvous store gone (its host's launcher has
+exited) while its own workers still look healthy looks for their exit for a
+few seconds before it gives up with the store's error: a worker's death
+reaches the agent only once the forkserver has reaped it, and on a loaded
+machine the others can exit first, so a pod whose worker was killed would
+report a lost peer instead (CI, 2026-11-27).
+
 All are class-level patches of torch's private rendezvous handler and agent,
 in the launcher process only. If a torch release renames what they use,
 ``install`` says so on stderr and changes nothing: the collective timeout still
@@ -52,6 +59,7 @@ from typing import Any
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.rendezvous.api import RendezvousError
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
 # Set on a handler whose round lost a participant; read (and cleared) by the
@@ -59,6 +67,10 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRende
 _LOST = "_torchfleet_peer_lost"
 _ROUND_SIZE = "_torchfleet_round_size"
 _ROUND = "_torchfleet_round"
+# How long an agent that finds the rendezvous store gone looks for its own
+# workers' exit before it blames the store: a SIGKILLed worker's exit reaches
+# it within a monitor interval or two, even on a loaded machine.
+OWN_EXIT_GRACE_SECONDS = 5.0
 
 
 def _participants(handler: Any) -> int | None:
@@ -115,7 +127,7 @@ def _expiry_seconds(handler: Any) -> float:
         return 6.0  # launch.py's own settings: 3 heartbeats of 2 s
 
 
-def _count_a_peers_round(agent: Any, handler: Any) -> None:
+def _count_a_peers_round(agent: Any) -> None:
     """In a fixed gang, spends one of this agent's restarts on a round another
     agent started (a node waiting, a participant dropped): nothing but a
     failure starts one there. torch would restart uncounted, and an agent
@@ -123,7 +135,7 @@ def _count_a_peers_round(agent: Any, handler: Any) -> None:
     spent; its next failure then rejoins a rendezvous the others have left and
     reports a lost peer instead of its own exit (CI, 2026-11-27)."""
     left = getattr(agent, "_remaining_restarts", None)
-    if not isinstance(left, int) or left <= 0 or handler.num_nodes_waiting() == 0:
+    if not isinstance(left, int) or left <= 0:
         # (Spent, no agent rejoins after a failure: a node waiting now is a
         # silent one dropped, and the round waits for the operator's gang
         # restart, as torch has it. Elsewhere: a torch that counts elsewhere.)
@@ -137,16 +149,42 @@ def _count_a_peers_round(agent: Any, handler: Any) -> None:
     )
 
 
+def _own_failure_first(original: Any, agent: Any, worker_group: Any, error: Exception) -> Any:
+    """The rendezvous store is gone while this pod's workers looked healthy: the
+    gang is broken. If they had in fact failed first (a worker's exit reaches
+    the agent a moment after it happens, once the forkserver has reaped it),
+    that failure is this pod's outcome; else the store's ``error`` stands (the
+    launcher exits 202, a lost peer)."""
+    print(
+        f"torchfleet-train: the rendezvous store is gone ({error}): looking for "
+        f"this pod's own workers' exit for {OWN_EXIT_GRACE_SECONDS:g}s first",
+        file=sys.stderr,
+        flush=True,
+    )
+    deadline = time.monotonic() + OWN_EXIT_GRACE_SECONDS
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        result = original(agent, worker_group)
+        if result.state != WorkerState.HEALTHY:
+            return result
+    raise error
+
+
 def _monitor_workers(original: Any, fallout_codes: frozenset[int]) -> Any:
     def monitor_workers(self: Any, worker_group: Any) -> Any:
         result = original(self, worker_group)
         handler = worker_group.spec.rdzv_handler
-        if not _is_elastic(handler):
-            if result.state == WorkerState.HEALTHY:
-                # torch restarts from HEALTHY for the node waiting, uncounted
-                _count_a_peers_round(self, handler)
+        if result.state == WorkerState.HEALTHY:
+            # torch asks this next, for a node waiting; asked here first (its
+            # answer is cached for torch's own question) to judge the answer.
+            try:
+                waiting = handler.num_nodes_waiting()
+            except RendezvousError as error:
+                return _own_failure_first(original, self, worker_group, error)
+            if waiting and not _is_elastic(handler):
+                _count_a_peers_round(self)  # torch restarts from HEALTHY uncounted
             return result
-        if result.state != WorkerState.FAILED:
+        if result.state != WorkerState.FAILED or not _is_elastic(handler):
             return result
         codes = [failure.exitcode for failure in result.failures.values()]
         if not stopped_by_peers(codes, fallout_codes) or not _membership_changes(handler):
