@@ -93,10 +93,19 @@ def test_a_fixed_gang_on_a_silent_node_restarts_soon_and_resumes(
                 timeout=RECOVERY_SECONDS,
             )
             force_deleted_after = time.time() - lost_at
+        # The new gang's: after its load (the old gang may log a step in flight
+        # at the death).
+        load = wait_for(
+            "the new gang's checkpoint load",
+            lambda: [
+                e for e in trainer_events(node_agent, namespace, "resumed") if e["time"] > lost_at
+            ],
+            timeout=RECOVERY_SECONDS,
+        )[0]
         resumed = wait_for(
             "the new gang's first step",
             lambda: [
-                e for e in trainer_events(node_agent, namespace, "step") if e["time"] > lost_at
+                e for e in trainer_events(node_agent, namespace, "step") if e["time"] > load["time"]
             ],
             timeout=RECOVERY_SECONDS,
         )[0]
@@ -111,10 +120,9 @@ def test_a_fixed_gang_on_a_silent_node_restarts_soon_and_resumes(
         to_first_step = resumed["time"] - lost_at
         assert to_first_step < RECOVERY_SECONDS, to_first_step
         # The new gang resumed from a checkpoint saved before the death.
-        loads = [e for e in trainer_events(node_agent, namespace, "resumed") if e["time"] > lost_at]
-        assert loads and saved <= loads[0]["step"] < resumed["step"], (saved, loads, resumed)
+        assert saved <= load["step"] < resumed["step"], (saved, load, resumed)
         print(
             f"\nfixed gang, silent node (collective timeout {COLLECTIVE_TIMEOUT:g}s): "
             f"death -> lost pod force-deleted {force_deleted_after:.1f}s; "
-            f"-> new gang's first step {to_first_step:.1f}s (resumed at {loads[0]['step']})"
+            f"-> new gang's first step {to_first_step:.1f}s (resumed at {load['step']})"
         )
