@@ -94,6 +94,16 @@ class PodTemplate(ApiModel):
     spec: PodSpecFields | None = Field(None, description=_POD_SPEC_DESCRIPTION)
 
 
+def trainer_and_sidecars(
+    containers: list[dict[str, Any]],
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A template's containers as the operator reads them: the one named
+    'trainer' ({} where there is none) and the others, its sidecars."""
+    name = c.TRAINER_CONTAINER_NAME
+    trainer = next((each for each in containers if each.get("name") == name), {})
+    return trainer, [each for each in containers if each.get("name") != name]
+
+
 # ---- roles --------------------------------------------------------------------------------
 
 

@@ -23,8 +23,8 @@ import re
 from fractions import Fraction
 from typing import Any
 
-from torchfleet_operator.api.constants import GROUP, KIND, TRAINER_CONTAINER_NAME
-from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
+from torchfleet_operator.api.constants import GROUP, KIND
+from torchfleet_operator.api.v1alpha1 import TrainingJobSpec, trainer_and_sidecars
 from torchfleet_operator.build import labels, names
 from torchfleet_operator.build.resources import container_resources
 
@@ -189,11 +189,7 @@ def _pod_requests(spec: TrainingJobSpec, master: bool) -> dict[str, Fraction]:
     requests the limit."""
     template = spec.master.template if master else spec.worker.template
     pod_spec = (template.spec if template else None) or {}
-    containers = list(pod_spec.get("containers") or [])
-    trainer: dict[str, Any] = next(
-        (c for c in containers if c.get("name") == TRAINER_CONTAINER_NAME), {}
-    )
-    sidecars = [c for c in containers if c.get("name") != TRAINER_CONTAINER_NAME]
+    trainer, sidecars = trainer_and_sidecars(list(pod_spec.get("containers") or []))
     ours = trainer.get("resources") or container_resources(spec)
     total = _add(
         _container_requests(ours), *(_container_requests(c.get("resources")) for c in sidecars)

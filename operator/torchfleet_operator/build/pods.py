@@ -15,7 +15,7 @@ from torchfleet_operator.api.constants import (
     DEFAULT_TERMINATION_GRACE_SECONDS,
     TRAINER_CONTAINER_NAME,
 )
-from torchfleet_operator.api.v1alpha1 import PodTemplate, TrainingJobSpec
+from torchfleet_operator.api.v1alpha1 import PodTemplate, TrainingJobSpec, trainer_and_sidecars
 from torchfleet_operator.build import env as pod_env
 from torchfleet_operator.build import hostfile, labels, names, podgroup, security
 from torchfleet_operator.build.names import pod_name_for_rank
@@ -237,14 +237,10 @@ def build_pod(
     template_spec = copy.deepcopy(template.spec) if template and template.spec else {}
     template_meta = template.metadata if template else None
 
-    containers = template_spec.pop("containers", None) or []
-    theirs: dict[str, Any] = next(
-        (c for c in containers if c.get("name") == TRAINER_CONTAINER_NAME), {}
-    )
+    theirs, sidecars = trainer_and_sidecars(template_spec.pop("containers", None) or [])
     ours = _trainer_container(
         job, namespace, uid, spec, node_rank, restart, default_image, theirs.get("image")
     )
-    sidecars = [c for c in containers if c.get("name") != TRAINER_CONTAINER_NAME]
 
     # The kubelet gives a killed trainer this long to save before SIGKILL. A role
     # template's own value (merged below) can only differ where the job sets none.

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchfleet_operator.api.constants import TRAINER_CONTAINER_NAME
-from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
+from torchfleet_operator.api.v1alpha1 import TrainingJobSpec, trainer_and_sidecars
 from torchfleet_operator.build.pods import template_for
 from torchfleet_trainer import contract
 
@@ -36,12 +35,10 @@ def keeps_logs(spec: TrainingJobSpec, node_rank: int) -> bool:
     value from a reference, or one the trainer refuses, leaves it at the default)."""
     template = template_for(spec, node_rank)
     containers = (template.spec or {}).get("containers") if template else None
-    for container in containers or []:
-        if not isinstance(container, dict) or container.get("name") != TRAINER_CONTAINER_NAME:
-            continue
-        for var in container.get("env") or []:
-            if isinstance(var, dict) and var.get("name") == contract.LOG_KEEP_GENERATIONS:
-                return _as_int(var.get("value")) != 0
+    trainer, _ = trainer_and_sidecars(containers or [])
+    for var in trainer.get("env") or []:
+        if var.get("name") == contract.LOG_KEEP_GENERATIONS:
+            return _as_int(var.get("value")) != 0
     return True
 
 

@@ -10,6 +10,7 @@ import pytest
 from torchfleet_operator.policy import kept_logs
 from torchfleet_operator.reconcile import plan
 from torchfleet_operator.status.conditions import find
+from torchfleet_trainer import contract
 
 from .builders import CONFIG, at, gang, job, observed, pod, running_status, spec_of
 
@@ -19,7 +20,7 @@ CKPT = {"claimName": "ckpt"}
 
 def keeping(generations: str, replicas: int = 2) -> dict[str, Any]:
     """A worker role whose trainer container keeps ``generations`` of logs."""
-    env = [{"name": "TORCHFLEET_LOG_KEEP_GENERATIONS", "value": generations}]
+    env = [{"name": contract.LOG_KEEP_GENERATIONS, "value": generations}]
     container = {"name": "trainer", "env": env}
     return {"replicas": replicas, "template": {"spec": {"containers": [container]}}}
 
