@@ -73,7 +73,7 @@ def told_to_stop(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         return state == "Z" or signal.SIGTERM in pending_signals(pid)
-    except (FileNotFoundError, ProcessLookupError):
+    except FileNotFoundError:
         return True
 
 

@@ -136,9 +136,10 @@ def _count_a_peers_round(agent: Any) -> None:
     reports a lost peer instead of its own exit (CI, 2026-11-27)."""
     left = getattr(agent, "_remaining_restarts", None)
     if not isinstance(left, int) or left <= 0:
-        # (Spent, no agent rejoins after a failure: a node waiting now is a
+        # Spent: no agent rejoins after a failure, so a node waiting now is a
         # silent one dropped, and the round waits for the operator's gang
-        # restart, as torch has it. Elsewhere: a torch that counts elsewhere.)
+        # restart, uncounted as torch has it. (Not an int: a torch that keeps
+        # the count elsewhere, which counts as it always did.)
         return
     agent._remaining_restarts -= 1
     print(
