@@ -248,8 +248,9 @@ class TrainingConfig(_Section):
         description="Replay the compiled forward and backward as CUDA graphs (torch.compile "
         "mode 'reduce-overhead'), which removes the per-kernel launch cost that dominates "
         "small models. Needs training.compile, a CUDA device and one process without FSDP "
-        "(the whole-model compile), static shapes (compiled with dynamic=False) and a fixed "
-        "gang (refused for elastic jobs); graphs keep their own memory pool, so peak memory "
+        "(the whole-model compile), static shapes (compiled with dynamic=False), one "
+        "micro-step per step (refused with gradient accumulation) and a fixed gang "
+        "(refused for elastic jobs); graphs keep their own memory pool, so peak memory "
         "grows. Off by default until measured on a GPU.",
     )
     activation_checkpointing: Literal["none", "full"] = Field(
@@ -268,12 +269,25 @@ class TrainingConfig(_Section):
         "fail the run.",
     )
 
+    def accumulates(self) -> bool:
+        """Whether a step runs more than one micro-step on one process (the only world
+        cudaGraphs runs in)."""
+        micro = self.micro_batch_size
+        return self.grad_accum_steps > 1 or (micro is not None and micro < self.global_batch_size)
+
     @model_validator(mode="after")
     def _check_batch(self) -> Self:
         if self.cuda_graphs and not self.compile:
             raise ValueError(
                 "training.cudaGraphs: needs training.compile=true (the graphs are captured "
                 "from the compiled forward and backward)"
+            )
+        if self.cuda_graphs and self.accumulates():
+            raise ValueError(
+                "training.cudaGraphs: not with gradient accumulation (gradAccumSteps > 1 or "
+                "microBatchSize below globalBatchSize): the trainer frees .grad every step, so "
+                "the second micro-step's backward would allocate .grad inside the captured "
+                "graph, which torch's 'reduce-overhead' mode refuses"
             )
         if self.micro_batch_size is not None and self.grad_accum_steps != 1:
             raise ValueError(

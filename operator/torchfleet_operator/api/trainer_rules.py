@@ -80,6 +80,13 @@ def _training_rules() -> list[dict[str, str]]:
             ".cudaGraphs",
         ),
         _rule(
+            f"!{graphs} || ({accum} == 1 && self.?microBatchSize.orValue({batch}) >= {batch})",
+            "trainer.training.cudaGraphs cannot be used with gradient accumulation "
+            "(gradAccumSteps > 1 or microBatchSize below globalBatchSize): the second "
+            "micro-step would allocate .grad inside the captured graph",
+            ".cudaGraphs",
+        ),
+        _rule(
             f"{batch} % {accum} == 0",
             "trainer.training.globalBatchSize must be divisible by gradAccumSteps",
             ".globalBatchSize",

@@ -611,6 +611,18 @@ INVALID: tuple[Invalid, ...] = (
         nested("trainer.training", {"compile": False, "cudaGraphs": True}),
         says="compile",
     ),
+    *(
+        _case(
+            f"trainer-cuda-graphs-with-{id}",
+            "spec.trainer.training",
+            nested("trainer.training", {"compile": True, "cudaGraphs": True, **training}),
+            says="gradient accumulation",
+        )
+        for id, training in (
+            ("accumulation", {"globalBatchSize": 8, "gradAccumSteps": 2}),
+            ("smaller-micro-batch", {"globalBatchSize": 8, "microBatchSize": 4}),
+        )
+    ),
     _case(
         "trainer-micro-batch-and-accumulation",
         "spec.trainer.training",
