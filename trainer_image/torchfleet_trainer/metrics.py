@@ -183,6 +183,16 @@ def device_peak_tflops(device_name: str, precision: Literal["bf16", "fp32"]) -> 
     return None
 
 
+def no_peak_message(device_name: str) -> str:
+    """Why a run on ``device_name`` reports no MFU, and what to do about it."""
+    known = ", ".join(peak.name for peak in DEVICE_PEAKS)
+    return (
+        f"no MFU: {device_name!r} is not in torchfleet_trainer.metrics.DEVICE_PEAKS "
+        f"(known: {known}); set metrics.peakTflops (the benchmark's --peak-tflops) to its "
+        "dense peak TFLOP/s"
+    )
+
+
 def mfu_peak_tflops(
     configured: float | None, device_name: str | None, precision: Literal["bf16", "fp32"]
 ) -> float | None:

@@ -8,7 +8,7 @@ import pytest
 
 from tests.trainer.user_models import TINY_LLAMA
 from torchfleet_trainer.config import load_config
-from torchfleet_trainer.metrics import device_peak_tflops, mfu_peak_tflops
+from torchfleet_trainer.metrics import device_peak_tflops, mfu_peak_tflops, no_peak_message
 from torchfleet_trainer.train import Trainer, build_runtime
 
 
@@ -32,6 +32,12 @@ def test_known_devices_have_their_dense_peak(device_name, precision, peak) -> No
 def test_an_unknown_device_has_no_peak_rather_than_another_devices() -> None:
     assert device_peak_tflops("NVIDIA GeForce RTX 4090", "bf16") is None
     assert mfu_peak_tflops(None, "NVIDIA GeForce RTX 4090", "bf16") is None
+
+
+def test_an_unknown_device_is_named_with_the_setting_that_fixes_it() -> None:
+    message = no_peak_message("NVIDIA B200")
+    assert "'NVIDIA B200' is not in torchfleet_trainer.metrics.DEVICE_PEAKS" in message
+    assert "H100" in message and "metrics.peakTflops" in message and "--peak-tflops" in message
 
 
 def test_configured_peak_wins_and_cpu_has_none_without_it() -> None:
