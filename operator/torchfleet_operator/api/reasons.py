@@ -83,6 +83,9 @@ REASON_NODES_EVEN: Final = "NodesEven"  # Straggler False
 REASON_PREFLIGHT_PASSED: Final = "PreflightPassed"
 REASON_PREFLIGHT_SLOW_NODE: Final = "PreflightSlowNode"  # Preflight False; Replace's reason
 REASON_PREFLIGHT_COLLECTIVE_FAILED: Final = "PreflightCollectiveFailed"  # Preflight False
+# Straggler True or Preflight False: the slow node is only reported, as
+# runPolicy.stragglers.maxReplacements is spent.
+REASON_MAX_REPLACEMENTS_REACHED: Final = "MaxReplacementsReached"
 REASON_STEP_STALLED: Final = "StepStalled"  # Stalled True; the Restart's reason too
 REASON_STEP_MOVING: Final = "StepMoving"  # Stalled False
 

@@ -460,6 +460,16 @@ class StragglerPolicy(ApiModel):
         "the gang away from the node (this job's pods avoid it; the node is not touched), "
         "as a disruption; also for a node that fails trainer.preflight.",
     )
+    max_replacements: int = Field(
+        3,
+        ge=0,
+        le=1000,
+        description="Gang restarts action Replace may make over the job's life "
+        "(status.health.replacements). A Replace is a disruption, never counted toward "
+        "backoffLimit, so this bounds a detector that keeps naming healthy nodes: once spent, "
+        "a slow node is only reported, and its condition says so (reason "
+        "MaxReplacementsReached). 0: Replace only reports.",
+    )
 
 
 class StallPolicy(ApiModel):
@@ -1232,6 +1242,12 @@ class HealthStatus(StatusModel):
         None,
         max_length=c.MAX_AVOIDED_NODES,
         description="Nodes this job's pods avoid (stragglers.action Replace), oldest first.",
+    )
+    replacements: int = Field(
+        0,
+        ge=0,
+        description="Gang restarts stragglers.action Replace made, over every gang so far "
+        "(at most runPolicy.stragglers.maxReplacements).",
     )
     step_seen: StepSeenStatus | None = Field(None, description="The step's last move.")
 

@@ -22,7 +22,10 @@ gang's phase; this policy reads them from the master's scrape
 Under ``stragglers.action: Replace`` a slow node (straggler or preflight) is
 added to ``status.health.avoidedNodes`` (the job's next pods carry a node
 affinity that keeps them off it: build/pods.py) and the gang restarts, as a
-disruption: the node, not the program, is at fault. Under ``stall.action:
+disruption: the node, not the program, is at fault. A disruption counts
+toward no limit, so Replace has its own, ``stragglers.maxReplacements`` over
+the job's life (``status.health.replacements``): once spent, a slow node is only
+reported, and its condition says so. Under ``stall.action:
 Restart`` a stalled gang restarts as a failure of the program, counted toward
 backoffLimit (a deadlock would otherwise restart for ever). Either restart is
 the failure policy's (policy/failure.py), which this returns failures for.
@@ -46,6 +49,8 @@ from torchfleet_trainer import contract
 
 # Figures are kept to this many decimals in the status (and compared so).
 DIGITS = 6
+# The failures of a Replace restart (spending runPolicy.stragglers.maxReplacements).
+REPLACE_REASONS = (r.REASON_SLOW_NODE, r.REASON_PREFLIGHT_SLOW_NODE)
 # Phases in which a still step counter is expected: the gang is not training.
 NOT_TRAINING = (
     contract.PHASE_STARTING,
@@ -73,6 +78,8 @@ def judge(step: Pass, spec: TrainingJobSpec, gang: list[ObservedPod]) -> list[Fa
         found += _preflight(step, spec, health, nodes, gang)
     if running:
         found += _stall(step, spec, health, latest, gang)
+    if found and found[0].reason in REPLACE_REASONS:
+        health["replacements"] = _replacements(health) + 1  # one restart, however many nodes
     if set(health) != {"gang"} or "health" in step.status:
         step.status["health"] = health  # none for a job that never reported any
     return found[:1]  # one restart; the first reason names it
@@ -80,8 +87,10 @@ def judge(step: Pass, spec: TrainingJobSpec, gang: list[ObservedPod]) -> list[Fa
 
 def _warn(step: Pass, type_: str, bad: bool, reason: str, message: str) -> None:
     """Sets the condition to its bad status (True, or False for Preflight), with a
-    Warning event when it turns so: one per finding, not one per pass."""
-    newly = (step.condition(type_) or {}).get("status") != ("True" if bad else "False")
+    Warning event when it turns so or its reason changes: one per finding, not
+    one per pass."""
+    shown = step.condition(type_) or {}
+    newly = (shown.get("status"), shown.get("reason")) != ("True" if bad else "False", reason)
     step.set_condition(type_, bad, reason, message)
     if newly:
         step.event("Warning", reason, message)
@@ -100,6 +109,8 @@ def _for_gang(step: Pass, restart: int) -> dict[str, Any]:
     kept: dict[str, Any] = {"gang": restart}
     if shown.get("avoidedNodes"):
         kept["avoidedNodes"] = list(shown["avoidedNodes"])
+    if _replacements(shown):
+        kept["replacements"] = _replacements(shown)
     if step.is_true(r.CONDITION_STALLED):
         step.clear_condition(r.CONDITION_STALLED, r.REASON_STEP_MOVING, f"gang {restart} started")
     return kept
@@ -195,12 +206,38 @@ def _stragglers(
         f"{named}, above runPolicy.stragglers.threshold {policy.threshold:g} for "
         f"{policy.windows} log intervals in a row"
     )
-    if policy.action == "Replace":
-        message += "; the gang restarts away from it (action Replace)"
-    _warn(step, r.CONDITION_STRAGGLER, True, r.REASON_SLOW_NODE, message)
-    if policy.action != "Replace":
+    replace, reason, message = _replacing(
+        spec, health, r.REASON_SLOW_NODE, message, "the gang restarts away from it (action Replace)"
+    )
+    _warn(step, r.CONDITION_STRAGGLER, True, reason, message)
+    if not replace:
         return []
     return _replace(step, health, [n["node"] for n in slow], gang, r.REASON_SLOW_NODE, message)
+
+
+def _replacements(health: dict[str, Any]) -> int:
+    """status.health.replacements, as a count (the status is read back from the API)."""
+    count = health.get("replacements")
+    return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 0
+
+
+def _replacing(
+    spec: TrainingJobSpec, health: dict[str, Any], reason: str, message: str, restarts: str
+) -> tuple[bool, str, str]:
+    """(whether the gang restarts away from the node, the condition's reason, its
+    message): under Replace while runPolicy.stragglers.maxReplacements is not spent."""
+    policy = spec.run_policy.stragglers
+    if policy.action != "Replace":
+        return False, reason, message
+    done = _replacements(health)
+    if done >= policy.max_replacements:
+        return (
+            False,
+            r.REASON_MAX_REPLACEMENTS_REACHED,
+            f"{message}; only reported: runPolicy.stragglers.maxReplacements "
+            f"{policy.max_replacements} spent ({done} Replace restarts)",
+        )
+    return True, reason, f"{message}; {restarts}"
 
 
 def _replace(
@@ -255,10 +292,14 @@ def _preflight(
     fraction = spec.trainer.preflight.min_matmul_fraction if spec.trainer else None
     if fraction is not None:
         message += f", below trainer.preflight.minMatmulFraction {fraction:g}"
-    replace = spec.run_policy.stragglers.action == "Replace"
-    if replace:
-        message += "; the gang restarts away from it (runPolicy.stragglers.action Replace)"
-    _warn(step, r.CONDITION_PREFLIGHT, False, r.REASON_PREFLIGHT_SLOW_NODE, message)
+    replace, reason, message = _replacing(
+        spec,
+        health,
+        r.REASON_PREFLIGHT_SLOW_NODE,
+        message,
+        "the gang restarts away from it (runPolicy.stragglers.action Replace)",
+    )
+    _warn(step, r.CONDITION_PREFLIGHT, False, reason, message)
     if not replace:
         return []
     names = [n["node"] for n in failed]

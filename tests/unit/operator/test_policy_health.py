@@ -95,6 +95,87 @@ def test_the_action_decides_whether_the_gang_leaves_the_node(action, restarts):
         assert step.status["health"]["avoidedNodes"] == ["node-b"]
 
 
+def preflight(ratios: tuple[float, ...]) -> GangHealth:
+    """A new gang's preflight figures: a node under 0.8x the median fails."""
+    nodes = tuple(
+        NodeFigures(
+            f"llm-{'master-0' if r == 0 else f'worker-{r - 1}'}", r, None, None, x, x >= 0.8
+        )
+        for r, x in enumerate(ratios)
+    )
+    return GangHealth(nodes, k.PHASE_PREFLIGHT)
+
+
+SLOW_NODE_B = {"straggler": scrape((1.0, 2.0, 1.0)), "preflight": preflight((1.0, 0.4, 1.0))}
+CONDITION = {"straggler": ("Straggler", "True"), "preflight": ("Preflight", "False")}
+REPLACE_REASON = {"straggler": "SlowNode", "preflight": "PreflightSlowNode"}
+
+
+@pytest.mark.parametrize("finding", ["straggler", "preflight"])
+@pytest.mark.parametrize(
+    ("max_replacements", "before", "replaced"),
+    [
+        (None, 0, True),  # the default budget, 3
+        (None, 2, True),  # the last of it
+        (None, 3, False),  # spent: only reported
+        (1, 0, True),
+        (1, 1, False),
+        (0, 0, False),  # 0: Replace only reports
+    ],
+)
+def test_replace_spends_max_replacements_then_only_reports(
+    finding, max_replacements, before, replaced
+):
+    policy: dict[str, Any] = {"windows": 1, "action": "Replace"}
+    if max_replacements is not None:
+        policy["maxReplacements"] = max_replacements
+    record = {"gang": 0, "replacements": before} if before else {"gang": 0}
+    step, found = judged(SLOW_NODE_B[finding], {"health": record}, stragglers=policy)
+    type_, bad = CONDITION[finding]
+    shown = find(step.status["conditions"], type_)
+    assert shown and shown["status"] == bad and "node node-b" in shown["message"]
+    health_now = step.status["health"]
+    if replaced:
+        assert found and found[0].disruption and found[0].reason == REPLACE_REASON[finding]
+        assert shown["reason"] == REPLACE_REASON[finding]
+        assert "the gang restarts away from it" in shown["message"]
+        assert health_now["replacements"] == before + 1
+        assert health_now["avoidedNodes"] == ["node-b"]
+    else:
+        limit = 3 if max_replacements is None else max_replacements
+        assert not found
+        assert shown["reason"] == "MaxReplacementsReached"
+        assert (
+            f"only reported: runPolicy.stragglers.maxReplacements {limit} spent"
+            in (shown["message"])
+        )
+        assert health_now.get("replacements", 0) == before and "avoidedNodes" not in health_now
+        assert [e.reason for e in step.plan.events] == ["MaxReplacementsReached"]
+
+
+def test_a_straggler_and_a_failed_preflight_together_are_one_replacement():
+    both = GangHealth(
+        tuple(
+            NodeFigures(f.node, f.node_rank, f.compute_seconds, f.straggler_score, x, x >= 0.8)
+            for f, x in zip(scrape((1.0, 2.0, 1.0)).nodes, (1.0, 1.0, 0.4), strict=True)
+        ),
+        k.PHASE_TRAIN,
+    )
+    step, found = judged(both, stragglers={"windows": 1, "action": "Replace"})
+    assert len(found) == 1 and step.status["health"]["replacements"] == 1
+    assert step.status["health"]["avoidedNodes"] == ["node-b", "node-c"]
+
+
+def test_the_replacements_carry_over_to_the_next_gang():
+    status = {
+        "restartCount": 1,
+        "health": {"gang": 0, "avoidedNodes": ["node-x"], "replacements": 2},
+    }
+    step = a_pass(observed(*pods(1)), running_status(1, **status))
+    health.judge(step, spec_of(), pods(1))
+    assert step.status["health"] == {"gang": 1, "avoidedNodes": ["node-x"], "replacements": 2}
+
+
 def test_avoided_nodes_keep_the_newest_within_the_limit():
     old = [f"old-{i}" for i in range(c.MAX_AVOIDED_NODES)]
     step, _ = judged(
