@@ -304,3 +304,16 @@ def test_a_failed_preflight_collective_names_the_nodes_of_the_pods_that_said_so(
     assert preflight["reason"] == "PreflightCollectiveFailed"
     assert "llm-worker-0 (node node-b)" in preflight["message"]
     assert decided.status["restartCount"] == 1  # retried as any failure is
+
+
+@pytest.mark.parametrize("phase", [k.PHASE_EVAL, k.PHASE_CHECKPOINT])
+def test_a_long_evaluation_or_save_is_no_stall_even_under_restart(phase):
+    """stall.action Restart ends the gang on a stall: a step that stands still for
+    hours while rank 0 exports eval or checkpoint must not count as one."""
+    status = {"health": {"gang": 0, "stepSeen": {"step": 5, "since": stamp(0)}}}
+    step, found = judged(
+        scrape((1.0, 1.0, 1.0), phase=phase), status, now=10_000, stall={"action": "Restart"}
+    )
+    stalled = find(step.status.get("conditions"), "Stalled")
+    assert found == [], found
+    assert stalled is None or stalled["status"] != "True", stalled
