@@ -197,6 +197,7 @@ def show_row(last: list[str]) -> None:
         shown = [f"step {progress.get('step')}/{progress.get('totalSteps')}"]
         for key, form in (
             ("loss", "loss {}"),
+            ("validationLoss", "val loss {}"),
             ("tokensPerSecond", "{} tok/s"),
             ("etaSeconds", "eta {}s"),
         ):
@@ -291,7 +292,15 @@ def report(status: dict[str, Any], killed_at: float | None) -> None:
     final_eval = evals[-1] if evals else {}
     say(
         f"job {status.get('phase')}: final validation loss {final_eval.get('val_loss')} "
-        f"at step {final_eval.get('step')}"
+        f"at step {final_eval.get('step')} (the trainer's log)"
+    )
+    progress = status.get("progress") or {}
+    saved = sorted(p.name for p in checkpoint_claim_dir().glob("step-*"))
+    say(
+        f"status (from {progress.get('source')}): step {progress.get('step')}/"
+        f"{progress.get('totalSteps')}, loss {progress.get('loss')}, validation loss "
+        f"{progress.get('validationLoss')}, last checkpoint step "
+        f"{(status.get('lastCheckpoint') or {}).get('step')} (on the volume: {', '.join(saved)})"
     )
 
 

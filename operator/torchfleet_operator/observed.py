@@ -8,6 +8,7 @@ scale), and the planner takes them as plain data. Pure: no client imports.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -82,6 +83,8 @@ class ObservedPod:
     # The gang's in-place restarts and the last reason, as its termination
     # message left them (a round that ended before the operator's next scrape).
     in_place_report: tuple[int, str | None] | None = None
+    # Rank 0's final figures, as its termination message left them (the master's).
+    final_report: FinalReport | None = None
 
     @property
     def finished(self) -> bool:
@@ -98,6 +101,7 @@ class ObservedPod:
         if rank is None or restart is None or role is None:
             return None
         status = pod.get("status") or {}
+        report = trainer_report(pod)
         exit_code, reason, message, finished_at = _termination(status)
         stuck = _stuck(status)
         disruption = _disruption(status)
@@ -139,7 +143,8 @@ class ObservedPod:
             stuck_reason=stuck[0],
             stuck_message=stuck[1],
             started_at=parse_time(status.get("startTime")),
-            in_place_report=contract.reported_in_place_restarts(trainer_report(pod)),
+            in_place_report=contract.reported_in_place_restarts(report),
+            final_report=FinalReport.from_report(report),
         )
 
 
@@ -231,11 +236,58 @@ def saved_checkpoint(pod: dict[str, Any]) -> SavedCheckpoint | None:
     report = trainer_report(pod)
     if report is None:
         return None
-    step = report.get(contract.SAVED_CHECKPOINT_STEP)
+    step = _report_step(report.get(contract.SAVED_CHECKPOINT_STEP))
     when = parse_time(report.get(contract.SAVED_CHECKPOINT_TIME))
-    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= _STEP_LIMIT:
+    return None if step is None or when is None else SavedCheckpoint(step, when)
+
+
+def _report_step(value: Any) -> int | None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _STEP_LIMIT
+    return value if ok else None
+
+
+def _report_figure(value: Any) -> float | None:
+    """A finite JSON number; None for anything else (the status schema's own
+    bounds are status/progress.py's to apply)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return None if when is None else SavedCheckpoint(step, when)
+    return float(value) if math.isfinite(value) else None
+
+
+@dataclass(frozen=True)
+class FinalReport:
+    """Rank 0's figures as its run ended (every step done, or stopped by SIGTERM
+    with a save), from its termination message (the pod contract's REPORTED_*):
+    the run may end within a scrape interval of its last steps, so these, not
+    the last scrape, are the final status's."""
+
+    step: int
+    time: datetime  # when the trainer wrote them (the pod's clock)
+    total_steps: int | None = None
+    loss: float | None = None
+    validation_loss: float | None = None
+    tokens_per_second: float | None = None
+    mfu: float | None = None
+
+    @classmethod
+    def from_report(cls, report: dict[str, Any] | None) -> FinalReport | None:
+        """None without a step and a time (a preemption report of an older
+        trainer, an in-place count alone, or nothing of ours)."""
+        if report is None:
+            return None
+        step = _report_step(report.get(contract.REPORTED_STEP))
+        when = parse_time(report.get(contract.REPORTED_TIME))
+        if step is None or when is None:
+            return None
+        return cls(
+            step=step,
+            time=when,
+            total_steps=_report_step(report.get(contract.REPORTED_TOTAL_STEPS)),
+            loss=_report_figure(report.get(contract.REPORTED_LOSS)),
+            validation_loss=_report_figure(report.get(contract.REPORTED_VAL_LOSS)),
+            tokens_per_second=_report_figure(report.get(contract.REPORTED_TOKENS_PER_SECOND)),
+            mfu=_report_figure(report.get(contract.REPORTED_MFU)),
+        )
 
 
 # Waiting reasons of a container that will not start without a change elsewhere.

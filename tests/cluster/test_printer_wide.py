@@ -1,5 +1,5 @@
-"""`kubectl get tj -o wide` on a real API server: the wide columns (loss, tokens/s,
-MFU, goodput) show a status the operator's own code produced, and the plain
+"""`kubectl get tj -o wide` on a real API server: the wide columns (loss,
+validation loss, checkpoint, tokens/s, MFU, goodput) show a status the operator's own code produced, and the plain
 table keeps its columns."""
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ def scraped_progress() -> tuple[dict[str, Any], int | None]:
     trainer.step.set(420)
     trainer.total_steps.set(1000)
     trainer.loss.set(1.93)
+    trainer.eval_loss.set(2.05)
     trainer.tokens_per_second.set(51234.5)
     trainer.mfu.set(0.41)
     trainer.step_seconds.observe(0.5)  # the trainer times each step it reports
@@ -60,7 +61,7 @@ def accounted(progress: dict[str, Any], checkpoint: int | None) -> dict[str, Any
     return account
 
 
-def test_wide_columns_show_loss_throughput_mfu_and_goodput(
+def test_wide_columns_show_losses_checkpoint_throughput_mfu_and_goodput(
     cluster: Any, trainingjobs: TrainingJobs, namespace: str
 ) -> None:
     trainingjobs.create(namespace, job("wide", {"worker": {"replicas": 3}}))
@@ -80,7 +81,8 @@ def test_wide_columns_show_loss_throughput_mfu_and_goodput(
     }
     body = json.dumps([{"op": "add", "path": "/status", "value": status}])
     patch = ("patch", "tj", "wide", "-n", namespace, "--subresource=status", "--type=json")
-    expected = ["wide", "Running", "4/4", "1", "42", "1.93", "51234.5", "0.41", str(fraction)]
+    expected = ["wide", "Running", "4/4", "1", "42", "1.93", "2.05", "400", "51234.5", "0.41"]
+    expected.append(str(fraction))
     # An operator under test elsewhere may write its own status between our
     # write and our read: the stored status is checked in the patch's own
     # response, and the table is retried after a fresh write.
@@ -93,11 +95,12 @@ def test_wide_columns_show_loss_throughput_mfu_and_goodput(
         assert written["status"]["progress"] == progress  # nothing pruned by the schema
         wide = cluster.kubectl("get", "tj", "wide", "-n", namespace, "-o", "wide").stdout
         table = wide.splitlines()
-        if table[1].split()[:9] == expected:
+        if table[1].split()[: len(expected)] == expected:
             break
     else:
         pytest.fail(f"the wide columns never showed the status: {table}")
     header = ["NAME", "PHASE", "NODES", "RESTARTS", "PROGRESS"]
-    assert table[0].split() == [*header, "LOSS", "TOKENS/S", "MFU", "GOODPUT", "AGE"]
+    wide_header = ["LOSS", "VAL-LOSS", "CHECKPOINT", "TOKENS/S", "MFU", "GOODPUT", "AGE"]
+    assert table[0].split() == [*header, *wide_header]
     plain = cluster.kubectl("get", "tj", "wide", "-n", namespace).stdout.splitlines()
     assert plain[0].split() == [*header, "AGE"]  # priority 1: -o wide only

@@ -119,6 +119,7 @@ METRIC_TOKENS_PER_SECOND = "torchfleet_train_tokens_per_second"
 METRIC_STEP_SECONDS = "torchfleet_train_step_seconds"  # a histogram: its _sum and _count
 METRIC_CHECKPOINT_STEP = "torchfleet_checkpoint_step"
 METRIC_MFU = "torchfleet_train_mfu_ratio"  # 0-1
+METRIC_EVAL_LOSS = "torchfleet_train_eval_loss"  # the last evaluation's validation loss
 # A histogram of each checkpoint save's seconds: its _sum and _count.
 METRIC_CHECKPOINT_SAVE_SECONDS = "torchfleet_checkpoint_save_seconds"
 
@@ -129,11 +130,18 @@ METRIC_CHECKPOINT_SAVE_SECONDS = "torchfleet_checkpoint_save_seconds"
 #   the grace period after the last scrape);
 # * after an in-place restart, the gang's count and the last one's reason (a
 #   job can end within a scrape interval of its restart), by every pod's local
-#   rank 0, in a container that has the file (the kubelet makes it).
+#   rank 0, in a container that has the file (the kubelet makes it);
+# * when the run ends (every step done, or stopped by SIGTERM), rank 0's final
+#   figures: the last step, its loss, throughput and the last validation loss,
+#   and the step and time of the newest save this gang completed. A job can
+#   end within a scrape interval of its last save and its last steps: these,
+#   not the last scrape, are what the operator's final status shows.
 # A launcher that exits with a failure without a saved preemption empties it,
 # so a crash still gets the log tail the kubelet falls back to
 # (terminationMessagePolicy FallbackToLogsOnError). For example
-# {"checkpointStep": 139, "checkpointTime": "2026-11-26T17:02:03Z",
+# {"step": 300, "totalSteps": 300, "loss": 1.4021, "valLoss": 1.5230,
+#  "tokensPerSecond": 10240.5, "mfu": 0.41, "reportTime": "2026-11-26T17:02:04Z",
+#  "checkpointStep": 300, "checkpointTime": "2026-11-26T17:02:03Z",
 #  "inPlaceRestarts": 1, "inPlaceReason": "worker_killed"}.
 TERMINATION_MESSAGE_PATH = "/dev/termination-log"  # Kubernetes' default path
 TERMINATION_MESSAGE_PATH_ENV = "TORCHFLEET_TERMINATION_MESSAGE_PATH"  # elsewhere (tests)
@@ -141,6 +149,13 @@ SAVED_CHECKPOINT_STEP = "checkpointStep"
 SAVED_CHECKPOINT_TIME = "checkpointTime"
 REPORTED_IN_PLACE_RESTARTS = "inPlaceRestarts"
 REPORTED_IN_PLACE_REASON = "inPlaceReason"
+REPORTED_STEP = "step"
+REPORTED_TOTAL_STEPS = "totalSteps"
+REPORTED_LOSS = "loss"
+REPORTED_VAL_LOSS = "valLoss"
+REPORTED_TOKENS_PER_SECOND = "tokensPerSecond"
+REPORTED_MFU = "mfu"  # 0-1; absent where no peak is known (a CPU)
+REPORTED_TIME = "reportTime"  # when rank 0 wrote its final figures
 
 
 class ContractError(ValueError):

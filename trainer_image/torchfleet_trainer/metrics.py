@@ -30,7 +30,7 @@ class TrainMetrics:
         self.step = gauge(contract.METRIC_STEP, "Last completed optimizer step.")
         self.total_steps = gauge(contract.METRIC_TOTAL_STEPS, "Steps this run trains for.")
         self.loss = gauge(contract.METRIC_LOSS, "Training loss of the last logged step.")
-        self.eval_loss = gauge("torchfleet_train_eval_loss", "Validation loss, last evaluation.")
+        self.eval_loss = gauge(contract.METRIC_EVAL_LOSS, "Validation loss, last evaluation.")
         self.learning_rate = gauge("torchfleet_train_learning_rate", "Current learning rate.")
         self.tokens_per_second = gauge(
             contract.METRIC_TOKENS_PER_SECOND, "Training tokens per second, all ranks."

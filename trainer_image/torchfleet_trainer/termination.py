@@ -17,6 +17,15 @@ from typing import Any
 from torchfleet_trainer import contract
 
 
+def destination(pod: contract.PodContract) -> Path | None:
+    """Where this pod's message goes: the file the kubelet made for it, or one
+    named through TERMINATION_MESSAGE_PATH_ENV; None outside a container (no
+    operator reads it there, and the default path's folder is not ours)."""
+    path = Path(pod.termination_message_path)
+    named = pod.termination_message_path != contract.TERMINATION_MESSAGE_PATH
+    return path if named or path.is_file() else None
+
+
 def read(path: Path) -> dict[str, Any]:
     """The message's object; empty where there is none (or it is not ours)."""
     try:

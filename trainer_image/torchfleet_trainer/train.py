@@ -254,14 +254,45 @@ def persist_compile_cache(config: TrainConfig, checkpoint_dir: str | None) -> Pa
     return Path(os.environ[COMPILE_CACHE_ENV])
 
 
-def write_termination_message(path: str, step: int) -> None:
-    """Tells the operator the step and time of the save a preemption made
-    (contract.TERMINATION_MESSAGE_PATH); a container without the file (run
-    outside Kubernetes) goes without, as the save itself is what matters."""
-    saved = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    termination.update(
-        Path(path), {contract.SAVED_CHECKPOINT_STEP: step, contract.SAVED_CHECKPOINT_TIME: saved}
-    )
+def now_stamp() -> str:
+    """The termination report's timestamps: RFC 3339, UTC, whole seconds."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class FinalFigures:
+    """What rank 0 knows last of its run, for the termination report: the run
+    can end within a scrape interval of its last steps and its last save, which
+    the operator's final status must show (contract.REPORTED_*)."""
+
+    step: int = 0
+    loss: float | None = None
+    tokens_per_second: float | None = None
+    mfu: float | None = None
+    val_loss: float | None = None
+    saved: tuple[int, str] | None = None  # the newest completed save: (step, time)
+
+    def checkpoint_completed(self, step: int) -> None:
+        self.saved = (step, now_stamp())
+
+    def report(self, total_steps: int) -> dict[str, Any]:
+        fields: dict[str, Any] = {
+            contract.REPORTED_STEP: self.step,
+            contract.REPORTED_TOTAL_STEPS: total_steps,
+            contract.REPORTED_TIME: now_stamp(),
+        }
+        figures = {
+            contract.REPORTED_LOSS: self.loss,
+            contract.REPORTED_VAL_LOSS: self.val_loss,
+            contract.REPORTED_TOKENS_PER_SECOND: self.tokens_per_second,
+            contract.REPORTED_MFU: self.mfu,
+        }
+        # A non-finite figure is no JSON number: left out, as one never measured.
+        fields |= {k: v for k, v in figures.items() if v is not None and math.isfinite(v)}
+        if self.saved is not None:
+            fields[contract.SAVED_CHECKPOINT_STEP] = self.saved[0]
+            fields[contract.SAVED_CHECKPOINT_TIME] = self.saved[1]
+        return fields
 
 
 def seed_step(config: TrainConfig, step: int, runtime: Runtime) -> None:
@@ -323,6 +354,7 @@ class Trainer:
         )
         # The validation batches every evaluation uses, drawn on the first.
         self.validation: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self.final = FinalFigures()
         self.stop = StopFlag()
         self.peak_tflops = self._peak_tflops()
         self.non_finite = NonFiniteGuard(training.max_non_finite_steps, metrics, self.log)
@@ -336,7 +368,7 @@ class Trainer:
                 config.checkpoint,
                 self.model.parts,
                 self.optimizers,
-                on_complete=metrics.checkpoint_step.set if metrics else None,
+                on_complete=self._checkpoint_completed,
             )
             if config.checkpoint.enabled and ckpt_dir and runtime.dims is not None
             else None
@@ -417,6 +449,7 @@ class Trainer:
             grad_accum_steps=self.runtime.accum_steps,
         )
         start = self.resume()
+        self.final.step = start
         self._serve_metrics()
         result = RunResult("completed", start, start)
         self.model.train()
@@ -437,8 +470,24 @@ class Trainer:
             with self.phase(contract.PHASE_CHECKPOINT, then=contract.PHASE_DONE):
                 self.checkpointer.wait()
                 self.checkpointer.close()
+        if result.status == "completed":
+            self.leave_final_report()  # a stopped run left its own (_loop)
         self.set_phase(contract.PHASE_DONE)
         return result
+
+    def _checkpoint_completed(self, step: int) -> None:
+        self.final.checkpoint_completed(step)
+        if self.metrics:
+            self.metrics.checkpoint_step.set(step)
+
+    def leave_final_report(self) -> None:
+        """Rank 0's final figures in its pod's termination message, where the
+        operator reads them with the pod's end (contract.REPORTED_*)."""
+        if not self.runtime.is_logger:
+            return
+        path = termination.destination(pod_contract())
+        if path is not None:
+            termination.update(path, self.final.report(self.config.training.steps))
 
     def _serve_metrics(self) -> None:
         """/metrics from here on, not before the resume: until then the step gauge
@@ -502,7 +551,7 @@ class Trainer:
             # Before evaluating: a preempted pod's grace period goes to the save.
             stopping = self.stop.agreed(self.runtime)
             if not stopping and self._evaluates_at(step):
-                result.eval_losses[step] = self.evaluate(step)
+                result.eval_losses[step] = self.final.val_loss = self.evaluate(step)
             if self.checkpointer:
                 self.checkpointer.poll()
             saves = self._should_save(step, stopping, finite)
@@ -511,8 +560,8 @@ class Trainer:
             if stopping:
                 result.status = "preempted" if saves else "preempted_unsaved"
                 self.log("preempted", step=step, saved=saves)
-                if saves and self.runtime.is_logger:
-                    write_termination_message(pod_contract().termination_message_path, step)
+                if saves:  # at once: the grace period may end before anything else runs
+                    self.leave_final_report()
                 break
             began = time.perf_counter()
             self.clock.steps_begin()
@@ -690,6 +739,8 @@ class Trainer:
             if peak_memory is not None:
                 m.gpu_memory.set(peak_memory)
         step = int(record["step"])
+        self.final.step, self.final.loss = step, record["loss"]
+        self.final.tokens_per_second, self.final.mfu = tokens_per_second, mfu
         if self._logs_at(step):
             # Significant digits: a small model's MFU is far below 1e-4.
             extra = {"mfu": significant(mfu, 4)} if mfu is not None else {}

@@ -206,6 +206,20 @@ def _printer_columns() -> list[dict[str, Any]]:
             "priority": 1,
         },
         {
+            "name": "Val-Loss",
+            "type": "number",
+            "jsonPath": ".status.progress.validationLoss",
+            "description": "Validation loss of the most recent evaluation",
+            "priority": 1,
+        },
+        {
+            "name": "Checkpoint",
+            "type": "integer",
+            "jsonPath": ".status.lastCheckpoint.step",
+            "description": "Step of the newest complete checkpoint",
+            "priority": 1,
+        },
+        {
             "name": "Tokens/s",
             "type": "number",
             "jsonPath": ".status.progress.tokensPerSecond",

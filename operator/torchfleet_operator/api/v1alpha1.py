@@ -1093,6 +1093,9 @@ class ProgressStatus(StatusModel):
     total_steps: int | None = Field(None, ge=0, description="Steps the run will take.")
     percent: int | None = Field(None, ge=0, le=100, description="step / totalSteps, in %.")
     loss: float | None = Field(None, description="Most recent training loss.")
+    validation_loss: float | None = Field(
+        None, ge=0, description="Validation loss of the most recent evaluation."
+    )
     tokens_per_second: float | None = Field(
         None, ge=0, description="Training throughput over the whole gang."
     )
@@ -1109,6 +1112,14 @@ class ProgressStatus(StatusModel):
         None,
         description="When this was observed; a gang restart resets progress to the last "
         "checkpoint's step with this time, and older scrapes are then ignored.",
+    )
+    source: Literal["Metrics", "TrainerReport", "Checkpoint"] | None = Field(
+        None,
+        description="Where these figures come from: Metrics, the master's /metrics as last "
+        "scraped (a running job, and a finished job whose program wrote no report); "
+        "TrainerReport, the trainer's own figures as it ended (its termination message: "
+        "the last step, loss and checkpoint, however soon after the last scrape it ended); "
+        "Checkpoint, a gang that ended: the step the next gang resumes from.",
     )
 
 

@@ -1,7 +1,8 @@
 """What a gang reports into the status on every pass: its pod counts, the
 latest scrape of the master's /metrics (status.progress) and the newest
-checkpoint (status.lastCheckpoint). Pure: the scrape arrives parsed
-(status/progress.py) in the pass's observations."""
+checkpoint (status.lastCheckpoint); and as the job succeeds, the trainer's
+final report in their place. Pure: the scrape and the report arrive parsed
+(status/progress.py, observed.py) in the pass's observations."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from datetime import datetime
 
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.api import reasons as r
+from torchfleet_operator.build.names import MASTER_ROLE
 from torchfleet_operator.observed import ObservedPod, parse_time, timestamp
 from torchfleet_operator.planning import Pass
 from torchfleet_operator.status import progress as progress_status
@@ -60,6 +62,24 @@ def record_checkpoint(step: Pass) -> None:
             shown = {"step": number, "time": timestamp(when)}
             shown_at = when
             step.status["lastCheckpoint"] = shown
+
+
+def final_progress(step: Pass, gang: list[ObservedPod]) -> None:
+    """status.progress of a job that succeeded, in the write that says so: its
+    master's final report (the last step, loss, validation loss and throughput,
+    however soon after the last scrape the run ended); else, for an older
+    trainer that wrote none, the last scrape completed (progress_complete)."""
+    report = next(
+        (p.final_report for p in gang if p.role == MASTER_ROLE and p.final_report is not None),
+        None,
+    )
+    if report is None:
+        progress_complete(step)
+        return
+    shown = step.status.get("progress")
+    step.status["progress"] = progress_status.final(
+        report, shown if isinstance(shown, dict) else None, step.now
+    )
 
 
 def progress_complete(step: Pass) -> None:

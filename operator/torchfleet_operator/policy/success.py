@@ -27,7 +27,7 @@ def finish_if_succeeded(step: Pass, spec: TrainingJobSpec, gang: list[ObservedPo
         return False
     step.finish(c.PHASE_SUCCEEDED, r.REASON_SUCCEEDED, _message(spec))
     if spec.runs_trainer:
-        reporting.progress_complete(step)
+        reporting.final_progress(step, gang)
     return True
 
 

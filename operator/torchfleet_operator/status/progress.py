@@ -10,6 +10,10 @@ two cannot drift). A figure outside them is dropped, never passed through: one
 bad value in a merge patch gets the whole status write refused (422), phase
 and restartCount included. Derived figures (percent, ETA) are clamped.
 
+A job whose master ended with the trainer's final report (its termination
+message: observed.FinalReport) shows that report instead (``final``): the run
+may end within a scrape interval of its last steps and saves.
+
 It also decides which progress is current: when a gang ends the status shows
 the step the next gang resumes from (``resumed``), once the ended gang's
 master, which may still save, is gone (``held`` until then); a scrape older
@@ -28,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
 from torchfleet_operator.api.v1alpha1 import CheckpointStatus, ProgressStatus
-from torchfleet_operator.observed import parse_time
+from torchfleet_operator.observed import FinalReport, parse_time, timestamp
 from torchfleet_operator.status import node_health
 from torchfleet_trainer import contract
 
@@ -40,6 +44,7 @@ STEP_SECONDS_SUM = contract.METRIC_STEP_SECONDS + "_sum"
 STEP_SECONDS_COUNT = contract.METRIC_STEP_SECONDS + "_count"
 CHECKPOINT_STEP = contract.METRIC_CHECKPOINT_STEP
 MFU = contract.METRIC_MFU
+EVAL_LOSS = contract.METRIC_EVAL_LOSS
 # The trainer's checkpoint-save histogram: its _sum is the time this gang's
 # loop was blocked saving.
 CHECKPOINT_SAVE_SECONDS_SUM = contract.METRIC_CHECKPOINT_SAVE_SECONDS + "_sum"
@@ -56,8 +61,13 @@ WANTED = {
     STEP_SECONDS_COUNT,
     CHECKPOINT_STEP,
     MFU,
+    EVAL_LOSS,
     CHECKPOINT_SAVE_SECONDS_SUM,
 }
+# status.progress.source: where its figures come from (the API model's values).
+SOURCE_METRICS = "Metrics"
+SOURCE_TRAINER_REPORT = "TrainerReport"
+SOURCE_CHECKPOINT = "Checkpoint"
 # The status keys filled from a scrape: optional, so a refused write can go without them.
 SCRAPED_STATUS_KEYS = ("progress", "lastCheckpoint")
 
@@ -176,7 +186,7 @@ def _progress(gauges: dict[str, float], now: str) -> tuple[dict[str, Any] | None
     checkpoint = _bounded_int(gauges.get(CHECKPOINT_STEP), CheckpointStatus, "step")
     # The gauge's initial 0 is "no checkpoint yet" (no save is of step 0), not a save.
     checkpoint = checkpoint or None
-    progress: dict[str, Any] = {"step": step, "updateTime": now}
+    progress: dict[str, Any] = {"step": step, "updateTime": now, "source": SOURCE_METRICS}
     total = _bounded_int(gauges.get(TOTAL_STEPS), ProgressStatus, "total_steps")
     if total:  # 0 means "not known"
         progress["totalSteps"] = total
@@ -217,6 +227,33 @@ def _add_rates(progress: dict[str, Any], gauges: dict[str, float]) -> None:
         # Significant digits, not decimals: a small model's real MFU (1e-5 on
         # a big GPU) must not read as 0, which says "not known".
         progress["mfu"] = float(f"{mfu:.4g}")
+    validation = _bounded_float(gauges.get(EVAL_LOSS), ProgressStatus, "validation_loss")
+    # The gauge's initial 0 is "not evaluated yet" (no model scores a loss of 0).
+    if validation:
+        progress["validationLoss"] = round(validation, 6)
+
+
+def final(report: FinalReport, shown: dict[str, Any] | None, now: datetime) -> dict[str, Any]:
+    """status.progress of a job whose master ended with the trainer's final report:
+    its last step, loss, validation loss and throughput (each within the schema's
+    bounds, as a scrape's), no ETA. The time the loop spent saving is the last
+    scrape's: the report does not carry it."""
+    figures = {
+        STEP: report.step,
+        TOTAL_STEPS: report.total_steps,
+        LOSS: report.loss,
+        EVAL_LOSS: report.validation_loss,
+        TOKENS_PER_SECOND: report.tokens_per_second,
+        MFU: report.mfu,
+    }
+    gauges = {name: float(value) for name, value in figures.items() if value is not None}
+    when = timestamp(min(report.time, now))  # a pod's clock is not ours
+    progress = _progress(gauges, when)[0] or {"step": 0, "updateTime": when}
+    progress.pop("etaSeconds", None)
+    saving = (shown or {}).get("checkpointSaveSeconds")
+    if saving is not None:
+        progress["checkpointSaveSeconds"] = saving
+    return progress | {"source": SOURCE_TRAINER_REPORT}
 
 
 def is_current(
@@ -264,7 +301,7 @@ def resumed(
     if progress is None and checkpoint_step is None:
         return None
     step = checkpoint_step or 0
-    reset: dict[str, Any] = {"step": step, "updateTime": now}
+    reset: dict[str, Any] = {"step": step, "updateTime": now, "source": SOURCE_CHECKPOINT}
     total = (progress or {}).get("totalSteps")
     if isinstance(total, int) and total > 0:
         reset["totalSteps"] = total
@@ -280,7 +317,7 @@ def held(progress: dict[str, Any] | None, now: str) -> dict[str, Any] | None:
     the accounting. Stamped, so the old gang's last scrape never comes back."""
     if progress is None:
         return None
-    kept = ("step", "totalSteps", "percent", "checkpointSaveSeconds")
+    kept = ("step", "totalSteps", "percent", "checkpointSaveSeconds", "source")
     return {k: progress[k] for k in kept if k in progress} | {"updateTime": now}
 
 

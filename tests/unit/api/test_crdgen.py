@@ -83,11 +83,11 @@ def test_names_subresources_and_columns() -> None:
     columns = [column["name"] for column in version["additionalPrinterColumns"]]
     assert columns == [
         *("Phase", "Nodes", "Restarts", "Progress"),
-        *("Loss", "Tokens/s", "MFU", "Goodput"),  # -o wide only
+        *("Loss", "Val-Loss", "Checkpoint", "Tokens/s", "MFU", "Goodput"),  # -o wide only
         "Age",
     ]
     wide = {c["name"] for c in version["additionalPrinterColumns"] if c.get("priority") == 1}
-    assert wide == {"Loss", "Tokens/s", "MFU", "Goodput"}
+    assert wide == {"Loss", "Val-Loss", "Checkpoint", "Tokens/s", "MFU", "Goodput"}
     for column in version["additionalPrinterColumns"][:-1]:
         path = column["jsonPath"].removeprefix(".").split(".")
         assert _node(".".join(path)), column  # the column points at a real status field

@@ -79,6 +79,7 @@ def test_percent_and_eta_need_a_total_step_count():
     assert progress == {
         "step": 50,
         "updateTime": "t",
+        "source": "Metrics",
         "totalSteps": 200,
         "percent": 25,
         "etaSeconds": 30,

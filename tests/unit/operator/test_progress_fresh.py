@@ -66,6 +66,7 @@ def test_a_gang_restart_shows_the_resumed_step_at_once(checkpoint, step, percent
         "totalSteps": 1000,
         "percent": percent,
         "updateTime": stamp(100),
+        "source": "Checkpoint",  # the operator's reset, not a figure of the trainer's
     }
     # The status write removes what the reset dropped (a merge patch would keep it).
     patch = with_removals(running(), status)["progress"]
@@ -155,6 +156,7 @@ def test_suspending_a_running_gang_also_shows_the_step_it_will_resume_from() -> 
         "totalSteps": 1000,
         "percent": 25,
         "updateTime": stamp(100),
+        "source": "Checkpoint",
     }
 
 
@@ -220,6 +222,7 @@ def test_a_save_in_the_grace_period_is_where_progress_resumes(master_seen_ending
         "totalSteps": 1000,
         "percent": 31,
         "updateTime": stamp(104),
+        "source": "Checkpoint",
     }
     assert ended["timeAccounting"]["recomputedSeconds"] == 0
     # The passes after it, with the old gang's last scrape still held, change nothing back.

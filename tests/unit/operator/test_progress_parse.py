@@ -178,7 +178,7 @@ def test_scraped_figures_are_typed_and_bounded(
     if expected is None:
         assert progress is None
         return
-    assert progress == expected | {"updateTime": NOW}
+    assert progress == expected | {"updateTime": NOW, "source": "Metrics"}
     # The schema itself accepts it (the same model crdgen turns into the CRD).
     status: dict[str, Any] = {"progress": progress}
     if checkpoint_step is not None:
@@ -228,6 +228,7 @@ def test_the_trainers_own_metrics_parse_into_progress():
         "mfu": 0.42,
         "checkpointSaveSeconds": 3.5,  # the loop's time blocked on saves, summed
         "updateTime": NOW,
+        "source": "Metrics",  # a scrape of the master's /metrics
     }
     assert checkpoint == 40
 
