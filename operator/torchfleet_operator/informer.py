@@ -73,7 +73,7 @@ class PodIndex(Mapping[JobKey, tuple[ObservedPod, ...]]):
         self._pods: dict[JobKey, dict[str, ObservedPod]] = {}
         self._where: dict[str, tuple[JobKey, str | None]] = {}  # uid -> (job, node)
         self._on_node: dict[str, dict[JobKey, int]] = {}  # node -> job -> pods there
-        # job -> the newest save its trainers reported when preempted: outlives
+        # job -> the newest save its trainers reported as they ended: outlives
         # the pod, whose deletion may come before any pass has seen it end.
         self.saved: dict[JobKey, SavedCheckpoint] = {}
 

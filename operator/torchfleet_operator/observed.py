@@ -200,9 +200,10 @@ def _judged_phase(status: dict[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class SavedCheckpoint:
-    """A save a preempted trainer made, from its termination message (the pod
-    contract's SAVED_CHECKPOINT_*): made in the grace period, it may be newer
-    than anything the master's /metrics showed."""
+    """The last save a trainer made as it ended (completed, or preempted and
+    saved in its grace period), from its termination message (the pod
+    contract's SAVED_CHECKPOINT_*): it may be newer than anything the
+    master's /metrics showed."""
 
     step: int
     time: datetime
@@ -578,7 +579,7 @@ class Observed:
     checkpoint_step: int | None = None
     # The gang's node health and phase from the same scrape (policy/health.py).
     health: GangHealth | None = None
-    # The newest save a trainer of this job reported as it was preempted (its
+    # The newest save a trainer of this job reported as it ended (its
     # master's termination message), kept after the pod itself is gone.
     saved_checkpoint: SavedCheckpoint | None = None
     # Kueue's Workload of the job, its flavors and priority (None: Kueue not served).

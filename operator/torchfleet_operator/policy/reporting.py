@@ -42,8 +42,9 @@ def record_progress(step: Pass) -> None:
 
 def record_checkpoint(step: Pass) -> None:
     """status.lastCheckpoint: the newest save known. The master's /metrics shows
-    one when it is scraped (dated then); a trainer preempted after that scrape
-    reports the save it made in its grace period itself (dated when it saved).
+    one when it is scraped (dated then); a trainer that ends after that scrape
+    reports its last save itself (dated when it saved: its final save, or the
+    one it made in a preemption's grace period).
     Only a report newer than the one shown replaces it: the old gang's last
     scrape, which the poller still holds, never takes back a later save."""
     observed = step.observed
