@@ -57,13 +57,43 @@ def apply_mount(mount: dict[str, Any]) -> None:
         _mount("none", target, None, MS_BIND | MS_REMOUNT | MS_RDONLY, None)
 
 
+def _open_path(path: str) -> int | None:
+    try:
+        return os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def held_sources(mounts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``mounts`` with each source opened before anything is mounted, and bound
+    from that open file (/proc/self/fd/N, as runc does): a volume over /tmp
+    (the trainer's scratch emptyDir) would otherwise hide the sources of every
+    mount after it that live under the agent's state dir in /tmp."""
+    held = []
+    for mount in mounts:
+        fd = _open_path(mount["source"]) if mount["source"] is not None else None
+        held.append(mount if fd is None else {**mount, "source": f"/proc/self/fd/{fd}"})
+    return held
+
+
 def run(plan: dict[str, Any]) -> int:
     socket.sethostname(plan["hostname"])
-    for mount in plan["mounts"]:
+    etc = [
+        {"source": plan["etc_files"][name], "target": f"/etc/{name}"}
+        for name in ("hosts", "hostname", "nsswitch.conf")
+    ]
+    # The working directory as it was before the mounts too: a default one under
+    # the state dir is hidden by a volume over /tmp.
+    working_dir_before = _open_path(plan["working_dir"])
+    for mount in held_sources([*plan["mounts"], *etc]):
         apply_mount(mount)
-    for name in ("hosts", "hostname", "nsswitch.conf"):
-        apply_mount({"source": plan["etc_files"][name], "target": f"/etc/{name}"})
-    os.chdir(plan["working_dir"])
+    try:
+        # After the mounts: a workingDir inside a volume is the volume's.
+        os.chdir(plan["working_dir"])
+    except FileNotFoundError:
+        if working_dir_before is None:
+            raise
+        os.fchdir(working_dir_before)
     try:
         child = subprocess.Popen(plan["argv"], env=plan["env"])
     except OSError as error:

@@ -5,12 +5,14 @@ namespaces; root, as the agent."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
-from tests.fixtures import e2e  # noqa: F401  (puts dev/ on the path)
+from tests.fixtures import e2e  # puts dev/ on the path
 from tests.fixtures.poll import wait_for
 
 from nodeagent import runtime  # isort: skip
@@ -47,3 +49,42 @@ def test_a_mount_point_in_use_in_another_mount_namespace_is_found(tmp_path: Path
         pod.wait()
     # Its last process gone, so is the mount: free to remove.
     wait_for("the pod's namespace gone", lambda: not runtime.mount_points_in_use(paths), 10)
+
+
+UNSHARE = ["unshare", "--mount", "--uts", "--propagation", "private"]
+
+
+def test_a_volume_over_tmp_hides_no_source_of_the_pods_other_mounts(tmp_path: Path):
+    """The trainer's scratch emptyDir is mounted over /tmp, while the agent's
+    state dir (every other volume's source, the pod's /etc files, its default
+    working directory) lives under /tmp too: podinit opens them all first."""
+    scratch, etc, work = tmp_path / "scratch", tmp_path / "etc", tmp_path / "work"
+    for path in (scratch, etc, work):
+        path.mkdir()
+    (scratch / "mark").write_text("scratch")
+    for name in ("hosts", "hostname", "nsswitch.conf"):
+        (etc / name).write_text(f"pod {name}\n")
+    probe = (
+        "import os; print(open('/etc/hostname').read().strip(), os.listdir('/tmp'), "
+        "sorted(os.listdir('.')))"
+    )
+    (work / "here").touch()
+    plan = {
+        "hostname": "pod-0",
+        "mounts": [{"target": "/tmp", "source": str(scratch), "read_only": False}],
+        "etc_files": {name: str(etc / name) for name in ("hosts", "hostname", "nsswitch.conf")},
+        "working_dir": str(work),
+        "argv": [sys.executable, "-c", probe],
+        "env": {"PATH": os.environ["PATH"]},
+    }
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(plan))
+    podinit = Path(e2e.REPO) / "dev/nodeagent/podinit.py"
+    out = subprocess.run(
+        [*UNSHARE, sys.executable, str(podinit), str(plan_file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "pod hostname ['mark'] ['here']"
