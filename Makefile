@@ -26,6 +26,17 @@ $(VENV)/.installed: pyproject.toml
 .PHONY: venv
 venv: $(VENV)/.installed ## Python environment in .venv (all extras)
 
+# checkov pins many packages of its own: a virtual environment apart from .venv.
+CHECKOV_VENV := .venv-checkov
+$(CHECKOV_VENV)/.installed: requirements/checkov.txt
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (3.11+)"; exit 1; }
+	[ -x $(CHECKOV_VENV)/bin/python ] || $(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install -q -r requirements/checkov.txt
+	touch $@
+
+.PHONY: checkov
+checkov: $(CHECKOV_VENV)/.installed ## checkov, the security scanner the tests run, in .venv-checkov (cached)
+
 # After deps: the build needs the C++ compiler that deps installs.
 $(VENV)/.deepspeed-ops: $(VENV)/.installed dev/deepspeed-ops.sh
 	dev/deepspeed-ops.sh $(PY) $@
@@ -101,15 +112,15 @@ typecheck: venv ## mypy over both packages and the e2e harness
 	$(VENV)/bin/mypy dev/prometheus/prom.py
 
 .PHONY: test
-test: venv deps deepspeed-ops cluster-build kueue-build schedulers-build prometheus-build lint typecheck verify ## everything: set-up, lint, types, every test tier
+test: venv checkov deps deepspeed-ops cluster-build kueue-build schedulers-build prometheus-build lint typecheck verify ## everything: set-up, lint, types, every test tier
 	PY=$(PY) dev/test-tiers.sh
 
 .PHONY: test-unit
-test-unit: venv ## tier 1: pure functions
+test-unit: venv checkov ## tier 1: pure functions
 	$(PY) -m pytest tests/unit
 
 .PHONY: test-cluster
-test-cluster: venv cluster-build kueue-build schedulers-build ## tier 2: the real control plane with KWOK
+test-cluster: venv checkov cluster-build kueue-build schedulers-build ## tier 2: the real control plane with KWOK
 	$(PY) -m pytest tests/cluster
 
 .PHONY: test-trainer
@@ -121,7 +132,7 @@ test-e2e: venv deps deepspeed-ops cluster-build prometheus-build ## tier 4: trai
 	$(PY) -m pytest tests/e2e
 
 .PHONY: test-helm
-test-helm: venv cluster-build ## chart: render/lint/schema tests, install/uninstall and the RBAC proof
+test-helm: venv checkov cluster-build ## chart: render/lint/schema tests, install/uninstall and the RBAC proof
 	$(PY) -m pytest tests/unit/helm tests/cluster/test_helm_install.py tests/cluster/test_helm_rbac.py
 
 .PHONY: test-images

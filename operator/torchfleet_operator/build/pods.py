@@ -39,6 +39,12 @@ def template_for(spec: TrainingJobSpec, node_rank: int) -> PodTemplate | None:
     return spec.master.template if node_rank == 0 else spec.worker.template
 
 
+def runs_default_image(spec: TrainingJobSpec, template_image: str | None) -> bool:
+    """Whether the trainer runs the operator's own image, whose user (uid 1000,
+    runAsNonRoot) and empty home (HOME may move to /tmp) are known."""
+    return spec.image is None and template_image is None
+
+
 def _trainer_container(
     job: str,
     namespace: str,
@@ -77,9 +83,9 @@ def _trainer_container(
     resources = container_resources(spec)
     if resources:
         container["resources"] = resources
-    # runAsNonRoot only where the image's user is known: the operator's trainer image.
-    runs_default_image = spec.image is None and template_image is None
-    container["securityContext"] = security.trainer_security_context(spec, runs_default_image)
+    container["securityContext"] = security.trainer_security_context(
+        spec, runs_default_image(spec, template_image)
+    )
     if spec.checkpoint:
         container["volumeMounts"].append(
             {"name": CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.mount_path}
@@ -190,10 +196,35 @@ def _default_checkpoint_ownership(pod_spec: dict[str, Any]) -> None:
 
     OnRootMismatch: the kubelet chowns only a volume whose root is not yet
     right, never a terabyte checkpoint tree recursively on every gang restart."""
-    security = pod_spec.setdefault("securityContext", {})
-    if "fsGroup" not in security:
-        security["fsGroup"] = CHECKPOINT_FS_GROUP
-        security.setdefault("fsGroupChangePolicy", "OnRootMismatch")
+    context = pod_spec.setdefault("securityContext", {})
+    if "fsGroup" not in context:
+        context["fsGroup"] = CHECKPOINT_FS_GROUP
+        context.setdefault("fsGroupChangePolicy", "OnRootMismatch")
+
+
+def _pod_security_context(pod_spec: dict[str, Any], template_spec: dict[str, Any]) -> None:
+    """The operator's pod-level securityContext, the template's merged over it."""
+    pod_spec["securityContext"] = _merge_by_key(
+        security.pod_security_context(), template_spec.get("securityContext") or {}
+    )
+
+
+def _add_scratch(pod_spec: dict[str, Any], trainer: dict[str, Any], default_image: bool) -> None:
+    """A read-only root filesystem's writable place: an emptyDir over /tmp (unless
+    the template mounts something there itself) and the caches that would go
+    under HOME pointed into it, each unless the template's env names it."""
+    if not security.has_read_only_root(trainer):
+        return
+    if all(m["mountPath"] != security.SCRATCH_PATH for m in trainer["volumeMounts"]):
+        trainer["volumeMounts"].append(security.scratch_mount())
+        if all(v["name"] != security.SCRATCH_VOLUME for v in pod_spec["volumes"]):
+            pod_spec["volumes"].append(security.scratch_volume())
+    named = {item["name"] for item in trainer["env"]}
+    trainer["env"] += [
+        {"name": name, "value": value}
+        for name, value in security.scratch_env(default_image).items()
+        if name not in named
+    ]
 
 
 def _add_hostfile_writer(
@@ -246,7 +277,9 @@ def build_pod(
     # template's own value (merged below) can only differ where the job sets none.
     grace = spec.run_policy.termination_grace_period_seconds
     pod_spec: dict[str, Any] = {
-        "terminationGracePeriodSeconds": grace or DEFAULT_TERMINATION_GRACE_SECONDS
+        "terminationGracePeriodSeconds": grace or DEFAULT_TERMINATION_GRACE_SECONDS,
+        # The trainer never calls the API server: no token unless the template asks.
+        "automountServiceAccountToken": False,
     }
     scheduler = podgroup.scheduler_name(spec)
     if scheduler:
@@ -257,6 +290,7 @@ def build_pod(
         pod_spec["hostNetwork"] = True
         pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
     pod_spec.update(template_spec)
+    _pod_security_context(pod_spec, template_spec)
     affinity = _avoiding(_gang_affinity(job, spec, template_spec.get("affinity")), avoid_nodes)
     if affinity:
         pod_spec["affinity"] = affinity
@@ -266,6 +300,7 @@ def build_pod(
     if spec.checkpoint:
         _default_checkpoint_ownership(pod_spec)
     trainer = _merge_container(ours, theirs)
+    _add_scratch(pod_spec, trainer, runs_default_image(spec, theirs.get("image")))
     pod_spec["containers"] = [trainer, *sidecars]
     _add_hostfile_writer(job, namespace, spec, pod_spec, trainer)
     # Identity: the gang depends on these, so no template may change them.

@@ -197,6 +197,8 @@ def test_nccl_env_resources_and_ipc_lock_follow_the_network_spec():
 RESTRICTED_CONTAINER = {
     "allowPrivilegeEscalation": False,
     "capabilities": {"drop": ["ALL"]},
+    # Not a Pod Security requirement: the scanners' (checkov CKV_K8S_22).
+    "readOnlyRootFilesystem": True,
     "seccompProfile": {"type": "RuntimeDefault"},
 }
 
@@ -353,6 +355,10 @@ def test_shm_checkpoint_volume_and_identity_fields():
     assert [c["name"] for c in pod["spec"]["containers"]] == ["trainer", "log-shipper"]
 
 
+# Every pod's own securityContext has it, so a template's sidecars do too.
+POD_SECCOMP = {"seccompProfile": {"type": "RuntimeDefault"}}
+
+
 @pytest.mark.parametrize(
     ("checkpoint", "template_security", "expected"),
     [
@@ -360,15 +366,17 @@ def test_shm_checkpoint_volume_and_identity_fields():
         (
             {"claimTemplate": {"size": "1Ti"}},
             None,
-            {"fsGroup": 1000, "fsGroupChangePolicy": "OnRootMismatch"},
+            {"fsGroup": 1000, "fsGroupChangePolicy": "OnRootMismatch"} | POD_SECCOMP,
         ),
         (
             {"claimName": "shared"},
             {"runAsUser": 2000},
-            {"runAsUser": 2000, "fsGroup": 1000, "fsGroupChangePolicy": "OnRootMismatch"},
+            {"runAsUser": 2000, "fsGroup": 1000, "fsGroupChangePolicy": "OnRootMismatch"}
+            | POD_SECCOMP,
         ),
-        ({"claimName": "shared"}, {"fsGroup": 3000}, {"fsGroup": 3000}),  # the template's choice
-        (None, None, None),  # no checkpoint volume: nothing to own
+        # The template's choice.
+        ({"claimName": "shared"}, {"fsGroup": 3000}, {"fsGroup": 3000} | POD_SECCOMP),
+        (None, None, POD_SECCOMP),  # no checkpoint volume: nothing to own
     ],
 )
 def test_checkpoint_volume_is_writable_by_a_non_root_trainer(
@@ -381,6 +389,69 @@ def test_checkpoint_volume_is_writable_by_a_non_root_trainer(
     }
     pod = render({k: v for k, v in spec.items() if v is not None}, rank=1)
     assert pod["spec"].get("securityContext") == expected
+
+
+def trainer_template(**fields) -> dict:
+    return {"spec": {"containers": [{"name": "trainer", **fields}]}}
+
+
+@pytest.mark.parametrize(
+    ("template", "mounted"),
+    [(None, False), ({"spec": {"automountServiceAccountToken": True}}, True)],
+    ids=["default", "template-asks"],
+)
+def test_training_pods_mount_no_service_account_token_unless_the_template_asks(template, mounted):
+    worker = {"replicas": 1, **({"template": template} if template else {})}
+    pod = render({"worker": worker}, rank=1)
+    assert pod["spec"]["automountServiceAccountToken"] is mounted
+
+
+def scratch_of(pod: dict) -> tuple[list, list]:
+    """The trainer's mounts at /tmp and the pod's volumes they name."""
+    mounts = [m for m in pod["spec"]["containers"][0]["volumeMounts"] if m["mountPath"] == "/tmp"]
+    named = {m["name"] for m in mounts}
+    return mounts, [v for v in pod["spec"]["volumes"] if v["name"] in named]
+
+
+@pytest.mark.parametrize(
+    ("spec", "home"),
+    [({}, "/tmp"), ({"image": "pytorch/pytorch:2"}, None)],
+    ids=["trainer-image", "own-image"],
+)
+def test_a_read_only_root_gets_a_writable_tmp_and_the_home_caches_there(spec, home):
+    pod = render({"worker": {"replicas": 1}} | spec, rank=1)
+    assert pod["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+    mounts, volumes = scratch_of(pod)
+    assert mounts == [{"name": "trainer-tmp", "mountPath": "/tmp"}]
+    assert volumes == [{"name": "trainer-tmp", "emptyDir": {}}]
+    env = env_of(pod)
+    assert env["TRITON_CACHE_DIR"] == "/tmp/.triton/cache"
+    assert env["TORCH_EXTENSIONS_DIR"] == "/tmp/.cache/torch_extensions"
+    # HOME moves only for the operator's image; an image of one's own keeps its home.
+    assert env.get("HOME") == home
+
+
+def test_a_template_that_wants_a_writable_root_gets_no_scratch():
+    template = trainer_template(securityContext={"readOnlyRootFilesystem": False})
+    pod = render({"worker": {"replicas": 1, "template": template}}, rank=1)
+    assert scratch_of(pod) == ([], [])
+    assert "HOME" not in env_of(pod) and "TRITON_CACHE_DIR" not in env_of(pod)
+    assert "trainer-tmp" not in {v["name"] for v in pod["spec"]["volumes"]}
+
+
+def test_a_templates_own_tmp_and_home_win_over_the_scratch():
+    template = trainer_template(
+        volumeMounts=[{"name": "fast", "mountPath": "/tmp"}],
+        env=[{"name": "HOME", "value": "/home/me"}],
+    )
+    template["spec"]["volumes"] = [{"name": "fast", "emptyDir": {"medium": "Memory"}}]
+    pod = render({"worker": {"replicas": 1, "template": template}}, rank=1)
+    mounts, volumes = scratch_of(pod)
+    assert mounts == [{"name": "fast", "mountPath": "/tmp"}]
+    assert volumes == [{"name": "fast", "emptyDir": {"medium": "Memory"}}]
+    assert "trainer-tmp" not in {v["name"] for v in pod["spec"]["volumes"]}
+    assert env_of(pod)["HOME"] == "/home/me"
+    assert env_of(pod)["TRITON_CACHE_DIR"] == "/tmp/.triton/cache"
 
 
 def test_templates_cannot_override_what_the_gang_depends_on():
