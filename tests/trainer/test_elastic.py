@@ -4,8 +4,9 @@ Four ``torchfleet-train`` launchers on localhost, each one node of one
 process, join a c10d rendezvous (min 2, max 4) exactly as elastic pods do:
 through torchrun's ``PET_*`` variables alone, with the launcher's own
 rendezvous timeouts (the ones production runs with). FSDP2 shards over all ranks. At
-step KILL_AT one launcher and its worker are SIGKILLed, as a lost node takes
-its agent and worker with it. The survivors' workers see the dead peer, their
+step KILL_AT every worker is held (SIGSTOP), then one launcher and its
+worker are SIGKILLed, as a lost node takes its agent and worker with it, and
+the others released. The survivors' workers see the dead peer, their
 agents re-rendezvous as three nodes and restart them; they resume from the
 last complete checkpoint, saved at four ranks and resharded by DCP to three.
 
@@ -16,6 +17,11 @@ tolerances (test_strategies.py's), both a three-rank run resumed from a copy
 of the same checkpoint and an uninterrupted four-rank run. The references
 run as fixed gangs, one process per rank (the operator's one-process-per-pod
 contract), beside the elastic job to keep the test short on two cores.
+
+The elastic jobs of this file train until the test ends them (ENDLESS
+steps): a fast machine would otherwise finish eight steps before a fault
+injected "at step 5" lands. What a test checks is read from where the job
+was when the fault landed, and the uninterrupted references run that far.
 
 The seconds from the loss to the survivors' first completed step are printed
 (``-s`` shows them); they are a measurement, never asserted.
@@ -43,17 +49,21 @@ from torchfleet_trainer.launch import EXIT_PREEMPTED
 
 pytestmark = pytest.mark.trainer
 
-STEPS = 8
+STEPS = 8  # the learning-rate schedule's decay, and the fixed gangs' length
 KILL_AT = 5
+AFTER = 3  # steps watched after a resume
+# The elastic jobs' length: never reached, the test ends them.
+ENDLESS = 100_000
 NODES = 4
 TIMEOUT = 240
 
 
-def overrides(data: Path, ckpt: Path) -> list[str]:
-    """test_strategies.py's model and data, with checkpoints and step logs."""
+def overrides(data: Path, ckpt: Path, steps: int = STEPS) -> list[str]:
+    """test_strategies.py's model and data, with checkpoints and step logs, for
+    ``steps`` steps (the schedule is the same whatever the length)."""
     return [
         *base(data),
-        f"training.steps={STEPS}",
+        f"training.steps={steps}",
         # 12 = lcm(2, 3, 4): exact at every size from minNodes to maxNodes.
         "training.globalBatchSize=12",
         "training.microBatchSize=1",
@@ -114,6 +124,19 @@ def kill_node(pid: int, sig: signal.Signals = signal.SIGKILL) -> None:
             os.kill(member, sig)
 
 
+def hold_workers(nodes: list[TrainerProcess]) -> dict[TrainerProcess, int]:
+    """SIGSTOPs every node's worker (the world stands still); their pids."""
+    held = {node: worker_pid(node) for node in nodes}
+    for pid in held.values():
+        os.kill(pid, signal.SIGSTOP)
+    return held
+
+
+def up_to(last: int, steps: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """The steps up to ``last``: an endless job ends some steps after the test saw it."""
+    return {step: record for step, record in steps.items() if step <= last}
+
+
 def steps_of(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     return {e["step"]: e for e in events if e["event"] == "step"}
 
@@ -164,35 +187,44 @@ def test_losing_a_node_resumes_on_three_ranks_with_the_same_losses(tmp_path: Pat
     data = learnable_tokens(tmp_path / "tokens.bin")
     ckpt = tmp_path / "elastic"
     endpoint = f"127.0.0.1:{free_port()}"
-    args = overrides(data, ckpt)
+    args = overrides(data, ckpt, ENDLESS)
     # A round waits up to 20 s (not the launcher's 5) for nodes beyond the
     # minimum: the four launchers start beside four more processes on two cores,
     # and workers forked warm can finish a smaller first round's few steps before
     # a late fourth launcher joins. (The survivors' round waits it out too.)
     env = [elastic_env(endpoint, "elastic", i == 0, last_call="20") for i in range(NODES)]
     nodes = [TrainerProcess(args, each) for each in env]
-    # (b) four ranks throughout.
-    four = fixed_gang(overrides(data, tmp_path / "four"), 4)
-    processes = nodes + four
+    processes = list(nodes)
     try:
         # Nodes that start late join in a later round (the agents restart to admit
         # them): the loss must hit the full four-rank world.
         logger = first_to_log(nodes, KILL_AT, world_size=NODES, timeout=TIMEOUT)
         # Neither the store's host nor the node whose worker logs as rank 0.
         victim = next(n for n in reversed(nodes[1:]) if n is not logger)
+        # Held where the loss lands: the world of four stands where it was seen.
+        held = hold_workers(nodes)
         lost_at = time.time()
         kill_node(victim.proc.pid)
+        for node, pid in held.items():
+            if node is not victim:
+                os.kill(pid, signal.SIGCONT)
 
         world = logger.wait_for(lambda e: e["event"] == "world", timeout=TIMEOUT)
         resumed = logger.wait_for(lambda e: e["event"] == "resumed", timeout=TIMEOUT)
         first = logger.wait_for(lambda e: e["event"] == "step", timeout=TIMEOUT)
-        # (a) three ranks resumed from a copy of the same checkpoint.
         saved = resumed["step"]
+        last = saved + AFTER
         resume_dir = tmp_path / "three"
         shutil.copytree(step_dir(ckpt, saved), step_dir(resume_dir, saved))
-        three = fixed_gang(overrides(data, resume_dir), 3)
-        processes += three
-        for process in [n for n in nodes if n is not victim] + four + three:
+        logger.wait_for(lambda e: e["event"] == "step" and e["step"] >= last, timeout=TIMEOUT)
+        for node in nodes:
+            kill_node(node.proc.pid)
+        # (a) three ranks resumed from a copy of the same checkpoint; (b) four
+        # ranks throughout; both as far as the survivors were watched.
+        three = fixed_gang(overrides(data, resume_dir, last), 3)
+        four = fixed_gang(overrides(data, tmp_path / "four", last), 4)
+        processes += three + four
+        for process in three + four:
             assert process.finish(timeout=TIMEOUT) == 0, process.stderr[-4000:]
     finally:
         for process in processes:
@@ -201,16 +233,16 @@ def test_losing_a_node_resumes_on_three_ranks_with_the_same_losses(tmp_path: Pat
 
     assert (world["world_size"], world["grad_accum_steps"]) == (3, 4)
     assert (step_dir(ckpt, saved) / MARKER).is_file()
-    assert KILL_AT - 2 <= saved <= KILL_AT + 1, resumed
-    continuing = steps_of(logger.events[logger.events.index(resumed) :])
-    assert sorted(continuing) == list(range(saved + 1, STEPS + 1))
+    assert saved >= KILL_AT - 2, resumed
+    continuing = up_to(last, steps_of(logger.events[logger.events.index(resumed) :]))
+    assert sorted(continuing) == list(range(saved + 1, last + 1))
     assert [e["step"] for e in three[0].of("resumed")] == [saved]
 
     assert_tracks(continuing, steps_of(three[0].events))
     # Every step the job ran, at whatever size and in every restart, matches the
     # four-rank run's.
     for run in restarts(logger.events):
-        assert_tracks(steps_of(run), steps_of(four[0].events))
+        assert_tracks(up_to(last, steps_of(run)), steps_of(four[0].events))
 
 
 def test_a_node_leaving_gracefully_saves_where_it_is_and_the_rest_go_on_at_two(
@@ -220,11 +252,11 @@ def test_a_node_leaving_gracefully_saves_where_it_is_and_the_rest_go_on_at_two(
     SIGTERM. Its worker's signal reaches every rank at the next step boundary, so
     the whole world saves that step and stops; the leaving launcher exits 143
     (saved), the others' agents form a smaller world that resumes at exactly
-    that step, not at the last periodic checkpoint, and finishes. Three nodes
+    that step, not at the last periodic checkpoint, and trains on. Three nodes
     (two after), to spare the two cores a fourth launcher."""
     data = learnable_tokens(tmp_path / "tokens.bin")
     endpoint = f"127.0.0.1:{free_port()}"
-    args = [*overrides(data, tmp_path / "elastic"), "checkpoint.interval=100"]
+    args = [*overrides(data, tmp_path / "elastic", ENDLESS), "checkpoint.interval=100"]
     nodes = [TrainerProcess(args, elastic_env(endpoint, "leave", i == 0)) for i in range(3)]
     try:
         logger = first_to_log(nodes, KILL_AT, world_size=3, timeout=TIMEOUT)
@@ -235,9 +267,8 @@ def test_a_node_leaving_gracefully_saves_where_it_is_and_the_rest_go_on_at_two(
         world = logger.wait_for(lambda e: e["event"] == "world", timeout=TIMEOUT)
         resumed = logger.wait_for(lambda e: e["event"] == "resumed", timeout=TIMEOUT)
         assert leaving.finish(timeout=TIMEOUT) == EXIT_PREEMPTED, leaving.stderr[-4000:]
-        for node in nodes:
-            if node is not leaving:
-                assert node.finish(timeout=TIMEOUT) == 0, node.stderr[-4000:]
+        last = resumed["step"] + AFTER
+        logger.wait_for(lambda e: e["event"] == "step" and e["step"] >= last, timeout=TIMEOUT)
     finally:
         for node in nodes:
             kill_node(node.proc.pid)
@@ -246,8 +277,8 @@ def test_a_node_leaving_gracefully_saves_where_it_is_and_the_rest_go_on_at_two(
     assert (world["world_size"], world["grad_accum_steps"]) == (2, 6)
     # No periodic checkpoint in reach (interval 100): only the save on SIGTERM.
     assert resumed["step"] == preempted["step"], (resumed, preempted)
-    continuing = steps_of(logger.events[logger.events.index(resumed) :])
-    assert sorted(continuing) == list(range(preempted["step"] + 1, STEPS + 1))
+    continuing = up_to(last, steps_of(logger.events[logger.events.index(resumed) :]))
+    assert sorted(continuing) == list(range(preempted["step"] + 1, last + 1))
 
 
 def test_a_node_joining_restarts_the_others_without_counting_a_failure(tmp_path: Path) -> None:
@@ -257,10 +288,10 @@ def test_a_node_joining_restarts_the_others_without_counting_a_failure(tmp_path:
     worker exits 143 with it. B's agent is held (SIGSTOP) meanwhile, so it sees
     its worker's exit before it sees C waiting, as a busy agent can: it must
     start the new round without spending one of its restarts (lost_peer.py),
-    so no launcher reports an in-place restart, and the three finish together."""
+    so no launcher reports an in-place restart, and the three train on together."""
     data = learnable_tokens(tmp_path / "tokens.bin")
     endpoint = f"127.0.0.1:{free_port()}"
-    args = overrides(data, tmp_path / "elastic")
+    args = overrides(data, tmp_path / "elastic", ENDLESS)
     # B's agent is held past torch's heartbeat expiry (3 x 2 s): with it, B would
     # be dropped as a lost node, another path (test_lost_peer.py).
     env = [elastic_env(endpoint, "join", i == 0, heartbeats="60") for i in range(3)]
@@ -269,7 +300,7 @@ def test_a_node_joining_restarts_the_others_without_counting_a_failure(tmp_path:
     try:
         first_to_log(nodes, 1, world_size=2, timeout=TIMEOUT)
         workers = [worker_pid(node) for node in nodes]
-        for pid in workers:  # the run waits for the joiner instead of finishing
+        for pid in workers:  # held while the joiner comes
             os.kill(pid, signal.SIGSTOP)
         os.kill(held.proc.pid, signal.SIGSTOP)  # B's agent, not its worker
         nodes.append(TrainerProcess(args, env[2]))
@@ -289,8 +320,10 @@ def test_a_node_joining_restarts_the_others_without_counting_a_failure(tmp_path:
             interval=0.05,
         )
         os.kill(held.proc.pid, signal.SIGCONT)
-        for node in nodes:
-            assert node.finish(timeout=TIMEOUT) == 0, node.stderr[-4000:]
+        # The three train on together.
+        logger = first_to_log(nodes, 1, world_size=3, timeout=TIMEOUT)
+        logger.wait_for(lambda e: e["event"] == "step", timeout=TIMEOUT)
+        assert [node.proc.poll() for node in nodes] == [None] * 3
     finally:
         for node in nodes:
             with contextlib.suppress(ProcessLookupError):

@@ -7,7 +7,9 @@ stop and whose connections are never reset, so the survivors' workers sit in
 an all-reduce with it. The collective timeout is set far above the bound this
 test asserts, so only lost_peer.py can explain a quick resume: the survivors'
 agents see the node dropped from the round (3 heartbeats of 2 s), kill their
-stuck workers and meet again at world size 2, and the job finishes.
+stuck workers and meet again at world size 2, and train on. The job is
+endless (test_elastic.ENDLESS), so a fast machine cannot finish it before
+the node goes silent.
 
 Without lost_peer.py the survivors would wait the whole collective timeout.
 The seconds from the stop to the first step at world size 2 are printed.
@@ -23,6 +25,7 @@ import pytest
 
 from tests.trainer.cli_process import TrainerProcess, free_port
 from tests.trainer.test_elastic import (
+    ENDLESS,
     KILL_AT,
     TIMEOUT,
     elastic_env,
@@ -46,7 +49,7 @@ SILENT_BOUND = 90.0
 def test_a_silent_node_is_left_behind_within_its_heartbeat(tmp_path: Path) -> None:
     data = learnable_tokens(tmp_path / "tokens.bin")
     endpoint = f"127.0.0.1:{free_port()}"
-    args = overrides(data, tmp_path / "elastic")
+    args = overrides(data, tmp_path / "elastic", ENDLESS)
     timeout = {contract.COLLECTIVE_TRAIN_TIMEOUT: str(COLLECTIVE_TIMEOUT)}
     nodes = [
         TrainerProcess(args, elastic_env(endpoint, "silent", i == 0) | timeout) for i in range(3)
@@ -58,9 +61,7 @@ def test_a_silent_node_is_left_behind_within_its_heartbeat(tmp_path: Path) -> No
         stopped_at = time.monotonic()
         first_to_log([logger], 1, world_size=2, timeout=SILENT_BOUND)
         resumed_after = time.monotonic() - stopped_at
-        for node in nodes:
-            if node is not silent:
-                assert node.finish(timeout=TIMEOUT) == 0, node.stderr[-4000:]
+        assert [n.proc.poll() for n in nodes if n is not silent] == [None, None]
     finally:
         for node in nodes:
             kill_node(node.proc.pid)
