@@ -7,6 +7,12 @@ The two others must each exit with 202 (EXIT_COLLECTIVE_FAILED, retryable)
 within the tight timeout plus a margin for this shared 2-core machine, with
 a log line that names the rank and says why.
 
+The stop must land where the tight timeout holds: a save runs under the
+generous one, and a fast machine can reach the next save before an unheld
+stop lands. So the stop is held and checked: once rank 0 waits for the
+stopped rank (two scrapes of its /metrics agree), the phase it exports says
+where; a stop that landed in a save is released and taken again.
+
 A second gang is stopped the same way and its survivors are sent SIGTERM
 while they wait in the collective: Python runs its SIGTERM handler only
 between bytecodes, never inside gloo's wait, so SIGTERM cannot interrupt the
@@ -25,6 +31,7 @@ import pytest
 
 from tests.trainer import gang as gangs
 from tests.trainer.cli_process import TrainerProcess, free_port
+from tests.trainer.test_shakespeare_metrics import scrape
 from torchfleet_trainer import contract
 from torchfleet_trainer.launch import EXIT_COLLECTIVE_FAILED
 
@@ -43,6 +50,10 @@ CONFIG = gangs.tiny_config(NODES, log_interval=2, checkpoints=True)
 CONFIG["training"]["evalInterval"] = 6
 CONFIG["training"]["evalBatches"] = 1
 CONFIG["checkpoint"]["interval"] = 6
+CONFIG["metrics"] = {"port": 0}  # rank 0's phase says where the stop landed
+# Where a stopped peer leaves rank 0 under the tight timeout: not a save.
+TIGHT_PHASES = (contract.PHASE_TRAIN, contract.PHASE_EVAL)
+ATTEMPTS = 20
 
 
 def pod_env(rank: int, master_port: int, checkpoint_dir: Path) -> dict[str, str]:
@@ -52,23 +63,55 @@ def pod_env(rank: int, master_port: int, checkpoint_dir: Path) -> dict[str, str]
     return env | {contract.COLLECTIVE_TRAIN_TIMEOUT: str(TRAIN_TIMEOUT)}
 
 
-def start_gang(checkpoint_dir: Path) -> list[TrainerProcess]:
+def start_gang(checkpoint_dir: Path) -> tuple[list[TrainerProcess], int]:
+    """The gang, once past its first evaluation and save; rank 0's metrics port."""
     port = free_port()
     gang = [TrainerProcess([], pod_env(rank, port, checkpoint_dir)) for rank in range(NODES)]
+    metrics_port = gang[0].wait_for(lambda e: e["event"] == "metrics", timeout=120)["port"]
     # Rank 0 logs for the gang: every rank tightens at the same step.
     tightened = gang[0].wait_for(lambda e: e["event"] == "collective_timeout", timeout=120)
     assert tightened["seconds"] == TRAIN_TIMEOUT, tightened
     gang[0].wait_for(lambda e: e["event"] == "eval", timeout=60)
     gang[0].wait_for(lambda e: e["event"] == "checkpoint", timeout=60)
-    return gang
+    return gang, metrics_port
 
 
-def silence(gang: list[TrainerProcess], rank: int) -> float:
-    """Stops ``rank`` mid-training (after a step rank 0 logged), as a machine that
-    went silent; when."""
-    gang[0].wait_for(lambda e: e["event"] == "step", timeout=60)
-    os.killpg(gang[rank].proc.pid, signal.SIGSTOP)
-    return time.monotonic()
+def where_rank_zero_waits(metrics_port: int) -> tuple[float, float] | None:
+    """Rank 0's phase (as its PHASES index) and step once two scrapes agree; None
+    once it has exited (it timed out waiting, under the tight timeout)."""
+    seen: list[tuple[float, float]] = []
+    deadline = time.monotonic() + TRAIN_TIMEOUT + MARGIN
+    while time.monotonic() < deadline:
+        try:
+            samples = scrape(metrics_port)
+        except OSError:
+            return None
+        phase = next(
+            (i for i, p in enumerate(contract.PHASES) if samples.get(phase_series(p)) == 1), -1
+        )
+        seen.append((float(phase), samples["torchfleet_train_step"]))
+        if len(seen) >= 2 and seen[-1] == seen[-2]:
+            return seen[-1]
+        time.sleep(0.2)
+    raise AssertionError(f"rank 0 never settled after a peer stopped: {seen}")
+
+
+def phase_series(phase: str) -> str:
+    return f'{contract.METRIC_PHASE}{{{contract.LABEL_PHASE}="{phase}"}}'
+
+
+def silence(gang: list[TrainerProcess], rank: int, metrics_port: int) -> float:
+    """Stops ``rank`` mid-training, as a machine that went silent, where rank 0
+    then waits for it under the tight timeout; when."""
+    for _ in range(ATTEMPTS):
+        gang[0].wait_for(lambda e: e["event"] == "step", timeout=60)
+        os.killpg(gang[rank].proc.pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        settled = where_rank_zero_waits(metrics_port)
+        if settled is None or contract.PHASES[int(settled[0])] in TIGHT_PHASES:
+            return stopped
+        os.killpg(gang[rank].proc.pid, signal.SIGCONT)  # landed in a save: again
+    raise AssertionError(f"every one of {ATTEMPTS} stops landed in a save")
 
 
 def stop_all(gang: list[TrainerProcess]) -> None:
@@ -90,9 +133,9 @@ def assert_failed_within_timeout(survivors: list[TrainerProcess], since: float) 
 
 
 def test_a_silent_peer_makes_the_others_exit_202_within_the_timeout(tmp_path: Path) -> None:
-    gang = start_gang(tmp_path)
+    gang, metrics_port = start_gang(tmp_path)
     try:
-        stopped = silence(gang, 2)
+        stopped = silence(gang, 2, metrics_port)
         assert_failed_within_timeout(gang[:2], stopped)
         for rank, node in enumerate(gang[:2]):  # each names itself
             assert f"rank {rank}/{NODES}" in node.stderr, node.stderr[-3000:]
@@ -103,9 +146,9 @@ def test_a_silent_peer_makes_the_others_exit_202_within_the_timeout(tmp_path: Pa
 def test_sigterm_while_waiting_on_a_silent_peer_is_bounded_by_the_timeout(
     tmp_path: Path,
 ) -> None:
-    gang = start_gang(tmp_path)
+    gang, metrics_port = start_gang(tmp_path)
     try:
-        stopped = silence(gang, 1)
+        stopped = silence(gang, 1, metrics_port)
         for node in (gang[0], gang[2]):
             os.killpg(node.proc.pid, signal.SIGTERM)
         assert_failed_within_timeout([gang[0], gang[2]], stopped)
