@@ -108,12 +108,20 @@ lint: venv ## ruff lint + format check
 .PHONY: typecheck
 typecheck: venv ## mypy over both packages and the e2e harness
 	$(VENV)/bin/mypy
-	$(VENV)/bin/mypy dev/nodeagent dev/demo.py
+	$(VENV)/bin/mypy dev/nodeagent dev/demo.py dev/docs
 	$(VENV)/bin/mypy dev/prometheus/prom.py
 
+.PHONY: docs
+docs: venv ## the docs site, built strictly (a warning fails it) into .site/; the API reference generated from the models
+	DISABLE_MKDOCS_2_WARNING=true NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 .PHONY: test
-test: venv checkov deps deepspeed-ops cluster-build kueue-build schedulers-build prometheus-build lint typecheck verify ## everything: set-up, lint, types, every test tier
+test: venv checkov deps deepspeed-ops cluster-build kueue-build schedulers-build prometheus-build lint typecheck verify docs ## everything: set-up, lint, types, docs, every test tier
 	PY=$(PY) dev/test-tiers.sh
+
+.PHONY: test-quick
+test-quick: venv checkov lint typecheck ## between full runs: lint, types and the unit tier (no cluster, no trainer processes)
+	$(PY) -m pytest tests/unit -q
 
 .PHONY: test-unit
 test-unit: venv checkov ## tier 1: pure functions
