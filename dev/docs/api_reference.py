@@ -260,6 +260,9 @@ def write_pages() -> None:
         page.write((REPO / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8"))
 
 
-# mkdocs-gen-files runs this file with runpy; a test imports it for render().
-if __name__ in ("__main__", "<run_path>"):
+# mkdocs-gen-files runs this file with runpy (its pages exist only in the build);
+# run as a script it prints the reference, and a test imports it for render().
+if __name__ == "<run_path>":
     write_pages()
+elif __name__ == "__main__":
+    print(render())
