@@ -82,6 +82,17 @@ def test_liveness_probe_asks_kopfs_health_endpoint_on_the_port_kopf_serves(
     assert args.health_port == 9091
 
 
+def test_readiness_probe_asks_the_same_endpoint_with_its_own_timing(helm: Helm) -> None:
+    # kopf serves /healthz once its startup handlers have run (the controller started).
+    timing = {"initialDelaySeconds": 2, "periodSeconds": 7, "timeoutSeconds": 3}
+    container = operator_container(
+        helm.template(set_values={"operator.readinessProbe": timing | {"failureThreshold": 4}})
+    )
+    probe = container["readinessProbe"]
+    assert probe["httpGet"] == container["livenessProbe"]["httpGet"]
+    assert probe == {"httpGet": probe["httpGet"], **timing, "failureThreshold": 4}
+
+
 def test_metrics_service_reaches_the_operators_metrics_port(
     helm: Helm, monkeypatch: pytest.MonkeyPatch
 ) -> None:
