@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.poll import wait_for
 from tests.trainer import gang as gangs
 from tests.trainer.cli_process import TrainerProcess, free_port
 from tests.trainer.test_shakespeare_metrics import scrape
@@ -79,21 +80,27 @@ def start_gang(checkpoint_dir: Path) -> tuple[list[TrainerProcess], int]:
 def where_rank_zero_waits(metrics_port: int) -> tuple[float, float] | None:
     """Rank 0's phase (as its PHASES index) and step once two scrapes agree; None
     once it has exited (it timed out waiting, under the tight timeout)."""
-    seen: list[tuple[float, float]] = []
-    deadline = time.monotonic() + TRAIN_TIMEOUT + MARGIN
-    while time.monotonic() < deadline:
+    seen: list[tuple[float, float] | None] = []
+
+    def settled() -> bool:
         try:
             samples = scrape(metrics_port)
         except OSError:
-            return None
+            seen.append(None)
+            return True
         phase = next(
             (i for i, p in enumerate(contract.PHASES) if samples.get(phase_series(p)) == 1), -1
         )
         seen.append((float(phase), samples["torchfleet_train_step"]))
-        if len(seen) >= 2 and seen[-1] == seen[-2]:
-            return seen[-1]
-        time.sleep(0.2)
-    raise AssertionError(f"rank 0 never settled after a peer stopped: {seen}")
+        return len(seen) >= 2 and seen[-1] == seen[-2]
+
+    wait_for(
+        "rank 0 waiting for the stopped peer",
+        settled,
+        timeout=TRAIN_TIMEOUT + MARGIN,
+        explain=lambda: f"scrapes: {seen[-5:]}",
+    )
+    return seen[-1]
 
 
 def phase_series(phase: str) -> str:
