@@ -7,28 +7,28 @@ a small model cannot hide. These tests measure that host work where it is
 deterministic, on the real default path (``build_runtime`` in a one-rank
 process group, as ``torchfleet-train`` runs, with ``precision: bf16``):
 
-- what the model is: a plain module, no ``FSDPModule``, no DTensor parameter;
+- what the model is: a plain module, no ``FSDPModule``, no DTensor parameter,
+  and after training steps no hook on any module or parameter (a hook costs
+  host work each step however cheap it is, and a per-parameter one is too
+  small for a call count to tell apart);
 - Python calls per steady-state step (cProfile's count, which does not depend
-  on the machine's speed) against a hand-written loop over the same model;
-- host syncs (``aten::_local_scalar_dense``, what ``.item()`` and ``float()``
-  run, seen by torch.profiler): none in the steps between log steps, at most
-  one per log step and one per evaluation.
+  on the machine's speed or load) against a hand-written loop over the same
+  model, within a budget near what the trainer needs.
+
+Host syncs are test_host_sync.py's.
 """
 
 from __future__ import annotations
 
 import cProfile
 import pstats
-from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch._dynamo.utils import counters
-from torch.autograd.profiler_util import FunctionEvent
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
@@ -55,14 +55,13 @@ WARMUP_STEPS = 3
 PROFILED_STEPS = 10
 # The trainer's step does a little more than the loop below (a dropout seed per
 # step, a gradient norm over any mesh, a finite check that skips a bad update
-# without a sync): ~1.1x its calls here. FSDP2 at shard degree 1 made 10x (and
-# 13x on an H100, issue 29); seeding through torch.manual_seed, which walks every
-# backend, made 2.2x on its own.
-CALL_BUDGET = 2.0
-SYNC = "aten::_local_scalar_dense"
-# The CPU kernel of fused AdamW reads each parameter's step count with item();
-# the CUDA kernel reads them on the device, so these are no syncs on a GPU.
-CPU_KERNEL_READS = "aten::_fused_adamw_"
+# without a sync): 1.059x its calls (1,510 against 1,426 per step, the same
+# count idle and beside two busy loops; cProfile counts calls, not time).
+# What the budget must catch (issue 43, measured here): a getattr over the
+# parameters each step 1.38x, forward hooks on every module 1.18x (1.24x on the
+# review's machine), FSDP2 at shard degree 1 10x. A no-op grad hook per
+# parameter (1.07x) is the hook test's.
+CALL_BUDGET = 1.15
 
 
 def bf16_trainer(*extra: str) -> Trainer:
@@ -79,6 +78,34 @@ def test_default_single_process_bf16_is_a_plain_module(one_rank: None) -> None:
     parameters = [(n, p) for part in model.parts for n, p in part.named_parameters()]
     assert not [n for n, p in parameters if isinstance(p, DTensor)]
     assert model.autocast_dtype == torch.bfloat16
+
+
+def hooks(model: torch.nn.Module) -> list[str]:
+    """Every hook on the model's modules and parameters, and torch's global ones."""
+    kinds = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+    found = [
+        f"{name or 'model'}.{kind}"
+        for name, module in model.named_modules()
+        for kind in kinds
+        if getattr(module, kind)
+    ]
+    for name, parameter in model.named_parameters():
+        for kind in ("_backward_hooks", "_post_accumulate_grad_hooks"):
+            if getattr(parameter, kind, None):
+                found.append(f"{name}.{kind}")
+    for kind in kinds:
+        if getattr(torch.nn.modules.module, f"_global{kind}"):
+            found.append(f"torch.nn.modules.module._global{kind}")
+    return found
+
+
+def test_training_steps_leave_no_hook_on_modules_or_parameters(one_rank: None) -> None:
+    trainer = bf16_trainer("training.evalInterval=0", "training.logInterval=1000")
+    trainer.model.train()
+    trainer_steps(trainer)(WARMUP_STEPS)
+    trainer.train_batches.close()
+    found = [hook for part in trainer.model.parts for hook in hooks(part)]
+    assert not found, f"{len(found)} hooks, each host work every step: {found[:8]}"
 
 
 def calls(run: Callable[[], Any]) -> int:
@@ -131,7 +158,7 @@ def trainer_steps(trainer: Trainer) -> Callable[[int], None]:
     return run
 
 
-def test_python_calls_per_step_stay_within_twice_a_hand_written_loop(one_rank: None) -> None:
+def test_python_calls_per_step_stay_near_a_hand_written_loop(one_rank: None) -> None:
     trainer = bf16_trainer("training.evalInterval=0", "training.logInterval=1000")
     trainer.model.train()
     ours = trainer_steps(trainer)
@@ -144,61 +171,10 @@ def test_python_calls_per_step_stay_within_twice_a_hand_written_loop(one_rank: N
     }
     trainer.train_batches.close()
     ratio = per_step["torchfleet"] / per_step["hand_written"]
-    assert ratio <= CALL_BUDGET, f"{ratio:.2f}x a hand-written loop's calls per step: {per_step}"
-
-
-@contextmanager
-def labelled(obj: Any, name: str, label: Callable[..., str]) -> Iterator[None]:
-    """Runs each call of ``obj.name`` inside a profiler range labelled ``label(*args)``."""
-    original = getattr(obj, name)
-
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        with torch.profiler.record_function(label(*args)):
-            return original(*args, **kwargs)
-
-    setattr(obj, name, wrapped)
-    try:
-        yield
-    finally:
-        setattr(obj, name, original)
-
-
-def enclosing_label(event: FunctionEvent) -> str | None:
-    """The labelled range a sync ran in; None for the CPU kernel's own reads."""
-    parent = event.cpu_parent
-    while parent is not None:
-        if parent.name == CPU_KERNEL_READS:
-            return None
-        if parent.name.startswith(("step ", "settle ", "evaluate ")):
-            return str(parent.name)
-        parent = parent.cpu_parent
-    return "elsewhere"
-
-
-def test_host_syncs_only_at_log_steps_and_once_per_evaluation(one_rank: None) -> None:
-    steps, log_every, eval_every = 12, 4, 6
-    trainer = bf16_trainer(
-        "training.gradAccumSteps=2",
-        f"training.steps={steps}",
-        f"training.logInterval={log_every}",
-        f"training.evalInterval={eval_every}",
-        "training.evalBatches=4",
+    assert ratio <= CALL_BUDGET, (
+        f"{ratio:.3f}x a hand-written loop's Python calls per step (budget {CALL_BUDGET}x, "
+        f"the trainer needs 1.06x): {per_step}"
     )
-    settled: list[int] = []
-    with (
-        labelled(trainer, "_step", lambda step: f"step {step}"),
-        labelled(trainer, "evaluate", lambda step: f"evaluate {step}"),
-        labelled(trainer, "_settle", lambda pending, *_: f"settle {pending[-1].step}"),
-        torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile,
-    ):
-        result = trainer.run()
-    assert result.last_step == steps and sorted(result.eval_losses) == [6, 12]
-    syncs = Counter(enclosing_label(e) for e in profile.events() if e.name == SYNC)
-    syncs.pop(None, None)
-    settled = sorted({*range(log_every, steps + 1, log_every), *range(6, steps + 1, eval_every)})
-    allowed = {f"settle {s}" for s in settled} | {f"evaluate {s}" for s in (6, 12)}
-    unexpected = {label: n for label, n in syncs.items() if label not in allowed or n > 1}
-    assert not unexpected, f"host syncs outside log steps or more than one: {dict(syncs)}"
 
 
 @pytest.mark.parametrize("checkpointing", ["none", "full"])
