@@ -6,12 +6,15 @@ gang's in-place count and the last one's reason beside its progress) and reads
 the job's status, events and pods:
 
 1. Each in-place restart the master reports is counted once: status, the
-   InPlaceRestart event, toward backoffLimit, with the pods untouched.
+   InPlaceRestart event, toward backoffLimit,
+   ``torchfleet_operator_in_place_restarts_total{reason}``, with the pods
+   untouched; ``kubectl get tj``'s Restarts shows ``status.restarts`` (1), not
+   ``restartCount`` (0).
 2. The operator restarted in between reads the same figure and counts nothing
-   again (the count lives in status, not in the operator).
+   again (the count lives in status, not in the operator; nor in its metric).
 3. With the launchers' budget spent, the next failure is a pod's container
-   exiting: a gang restart, counted toward backoffLimit as well; the new gang's
-   launchers count from 0.
+   exiting: a gang restart, counted toward backoffLimit as well (Restarts 3,
+   restartCount 1); the new gang's launchers count from 0.
 4. One more in-place restart passes backoffLimit: the job fails.
 """
 
@@ -46,8 +49,21 @@ def in_place(status: dict[str, Any]) -> dict[str, Any]:
     return dict(status.get("inPlaceRestarts") or {})
 
 
+def counted(operator: Any, reason: str) -> float:
+    """What the operator's ``torchfleet_operator_in_place_restarts_total`` counted
+    for ``reason`` (the counter goes up once the status write that records the
+    restart landed)."""
+    return operator.metric("torchfleet_operator_in_place_restarts_total", reason=reason)
+
+
+def restarts_column(cluster: Any, namespace: str) -> str:
+    """The Restarts column of ``kubectl get tj``."""
+    table = cluster.kubectl("get", "tj", JOB, "-n", namespace).stdout.splitlines()
+    return table[1].split()[table[0].split().index("RESTARTS")]
+
+
 def test_in_place_restarts_count_once_survive_an_operator_restart_and_fall_back_to_the_gang(
-    job_driver, namespace, scripted_gang, scraping_operator, operator_factory, scrape_port
+    job_driver, namespace, scripted_gang, scraping_operator, operator_factory, scrape_port, cluster
 ):
     server, _ = scripted_gang(JOB, trainer=True, backoffLimit=BACKOFF_LIMIT)
     uids = pod_uids(job_driver, namespace)
@@ -73,15 +89,22 @@ def test_in_place_restarts_count_once_survive_an_operator_restart_and_fall_back_
     }
     assert status["countedRestarts"] == 1 and status["restartCount"] == 0
     assert status["restarts"] == 1  # kubectl get tj's Restarts: gang plus in-place
+    assert restarts_column(cluster, namespace) == "1"  # status.restarts, not restartCount 0
+    job_driver.wait_for(
+        "the restart in torchfleet_operator_in_place_restarts_total",
+        lambda: counted(scraping_operator, k.RESTART_REASON_WORKER_KILLED) == 1,
+    )
     events = job_driver.wait_events(namespace, JOB, {"InPlaceRestart"}, type="Warning")
     message = next(e["message"] for e in events if e["reason"] == "InPlaceRestart")
     assert "1 of runPolicy.inPlaceRestarts 2 in gang 0" in message, message
     assert f"1 counted restarts of backoffLimit {BACKOFF_LIMIT}" in message, message
     assert pod_uids(job_driver, namespace) == uids  # no pod touched
+    # Counted once, though every scrape since has said 1 again.
+    assert counted(scraping_operator, k.RESTART_REASON_WORKER_KILLED) == 1
 
     # 2. A new operator reads the same figure: nothing is counted twice.
     scraping_operator.stop()
-    operator_factory(namespaces=[namespace], env=scraping_env(scrape_port))
+    operator = operator_factory(namespaces=[namespace], env=scraping_env(scrape_port))
     job_driver.wait_for("three scrapes by the new operator", scraped_again(server))
     server.body = reporting(14, 1, k.RESTART_REASON_WORKER_KILLED)
     job_driver.wait_for(
@@ -100,12 +123,19 @@ def test_in_place_restarts_count_once_survive_an_operator_restart_and_fall_back_
         "the second in-place restart counted",
         lambda: in_place(job_driver.status(namespace, JOB)).get("total") == 2,
     )
+    job_driver.wait_for(
+        "the second in the new operator's metric",
+        lambda: counted(operator, k.RESTART_REASON_WORKER_FAILED) == 1,
+    )
+    # The first, shown again to it, is not its to count (written before step 16's).
+    assert counted(operator, k.RESTART_REASON_WORKER_KILLED) == 0
     job_driver.fail_pod(namespace, pod_name_for_rank(JOB, 1), exit_code=1)
     status = job_driver.wait_for(
         "the gang restart",
         lambda: (s := job_driver.status(namespace, JOB)).get("restartCount") == 1 and s,
     )
     assert status["countedRestarts"] == 3 and status["restarts"] == 3, status
+    assert restarts_column(cluster, namespace) == "3"  # restartCount is 1
     assert status["phase"] != "Failed", status
 
     # 4. The new gang's launchers count from 0; their first passes backoffLimit.
@@ -131,6 +161,11 @@ def test_in_place_restarts_count_once_survive_an_operator_restart_and_fall_back_
     assert failed["reason"] == "BackoffLimitExceeded", failed
     assert "4 counted restarts of backoffLimit 3" in failed["message"], failed
     assert in_place(status)["total"] == 3 and status["countedRestarts"] == 4, status
+    job_driver.wait_for(
+        "the third in the metric",
+        lambda: counted(operator, k.RESTART_REASON_PEER_LOST) == 1,
+    )
+    assert counted(operator, k.RESTART_REASON_WORKER_FAILED) == 1
 
 
 def pod_uids(job_driver: Any, namespace: str) -> dict[str, str]:

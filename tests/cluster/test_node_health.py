@@ -198,3 +198,54 @@ def test_report_preflight_and_a_stall_told_apart_from_a_save(
     # Counted toward backoffLimit: a hang may be the program's.
     assert status["countedRestarts"] == 1 and status.get("disruptions", 0) == 0
     job_driver.wait_events(namespace, "watch", {"StepStalled"}, type="Warning")
+
+
+def test_a_failed_preflight_moves_the_gang_until_max_replacements_is_spent(
+    job_driver, namespace, scripted_gang
+):
+    """Replace for a node that fails the preflight check: the gang restarts away
+    from it, uncounted; with runPolicy.stragglers.maxReplacements (1) spent, the
+    next gang's failed node is only reported."""
+    server, nodes = scripted_gang("pre", stragglers={"action": "Replace", "maxReplacements": 1})
+    master, worker0, worker1 = hosts("pre")
+    failed_node = nodes[worker0]
+
+    server.body = exported(
+        0, phase=k.PHASE_PREFLIGHT, preflight={master: 1.0, worker0: 0.4, worker1: 1.02}
+    )
+    status = job_driver.wait_for(
+        "the preflight Replace restart",
+        lambda: (s := job_driver.status(namespace, "pre")).get("restartCount") == 1 and s,
+    )
+    preflight = condition(status, "Preflight")
+    assert preflight["status"] == "False" and preflight["reason"] == "PreflightSlowNode"
+    assert f"node {failed_node} reached 0.40x the median" in preflight["message"]
+    assert "the gang restarts away from it" in preflight["message"]
+    assert condition(status, "Restarting")["reason"] == "PreflightSlowNode"
+    # A disruption, not counted toward backoffLimit; one of maxReplacements spent.
+    assert status["disruptions"] == 1 and status["countedRestarts"] == 0
+    assert status["health"]["avoidedNodes"] == [failed_node]
+    assert status["health"]["replacements"] == 1
+
+    # The next gang keeps off the node; its own failed node is only reported.
+    server, next_nodes = scripted_gang("pre", restart=1)
+    assert failed_node not in next_nodes.values()
+    server.body = exported(
+        0, phase=k.PHASE_PREFLIGHT, preflight={master: 1.0, worker0: 1.0, worker1: 0.5}
+    )
+    status = job_driver.wait_for(
+        "the Preflight condition of gang 1",
+        lambda: (
+            (s := job_driver.status(namespace, "pre"))
+            and condition(s, "Preflight").get("reason") == "MaxReplacementsReached"
+            and s
+        ),
+    )
+    preflight = condition(status, "Preflight")
+    assert preflight["status"] == "False"
+    assert f"node {next_nodes[worker1]} reached 0.50x the median" in preflight["message"]
+    assert "only reported: runPolicy.stragglers.maxReplacements 1 spent" in preflight["message"]
+    # Written in the pass that would have restarted the gang: it did not.
+    assert status["restartCount"] == 1 and status["health"]["replacements"] == 1
+    assert status["health"]["avoidedNodes"] == [failed_node]
+    job_driver.wait_events(namespace, "pre", {"MaxReplacementsReached"}, type="Warning")
