@@ -3,6 +3,10 @@
 (a) nanoGPT's shakespeare-char recipe (6 layers, 6 heads, 384 wide, context
     256, batch 64, lr 1e-3, dropout 0.2, 5,000 iterations) through
     torchfleet's Trainer: best validation loss (target <= 1.47) and wall time.
+    With --nanogpt, nanoGPT's own train.py runs the recipe too, and both sides
+    do the same work besides training (``SAME_WORK``): nanoGPT's evaluations
+    (iteration 0 and every 250, each estimating the train and the val loss
+    over 200 batches of 64) and checkpoints on tmpfs on both sides.
 (b) A Llama-style model of about 1B parameters on synthetic tokens: tokens/s
     and MFU of four variants at the largest batch all of them fit:
     ``torchfleet`` (the Trainer at world size 1), ``torchfleet_fsdp2`` (the
@@ -78,8 +82,12 @@ RESULT_PREFIX = "BENCH_RESULT "
 DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
 
 
-def shakespeare_config(device: str, quick: bool, compile_: bool, corpus: Path) -> TrainConfig:
-    """nanoGPT's config/train_shakespeare_char.py, in TrainConfig terms."""
+def shakespeare_config(
+    device: str, quick: bool, compile_: bool, corpus: Path, checkpoints: Path
+) -> TrainConfig:
+    """nanoGPT's config/train_shakespeare_char.py, in TrainConfig terms, saving a
+    checkpoint at every evaluation under ``checkpoints`` (nanoGPT saves at each
+    one that improves the val loss)."""
     model: dict[str, Any] = {"layers": 6, "heads": 6, "dim": 384, "maxSeqLen": 256}
     training: dict[str, Any] = {"steps": 5000, "globalBatchSize": 64, "evalInterval": 250}
     training |= {"evalBatches": 200, "logInterval": 250, "device": device}
@@ -96,10 +104,22 @@ def shakespeare_config(device: str, quick: bool, compile_: bool, corpus: Path) -
             "optimizer": {"lr": 1e-3, "beta2": 0.99, "weightDecay": 0.1, "gradClip": 1.0},
             "schedule": {"warmupSteps": 100, "minLrRatio": 0.1},
             "training": {**training, "compile": compile_},
-            "checkpoint": {"enabled": False},
+            "checkpoint": {"dir": str(checkpoints), "interval": training["evalInterval"]},
             "metrics": {"enabled": False, "jsonLogs": False},
         }
     )
+
+
+# What both sides of the nanoGPT comparison do besides training: the same
+# evaluations and checkpointing, the second side's defaults made the first's.
+SAME_WORK = (
+    "same evaluation work: nanoGPT's estimate_loss at iteration 0 and every evalInterval, "
+    "train and val loss over evalBatches batches each, on both sides (torchfleet: its "
+    "val evaluation, plus the train split's loss and an evaluation before step 1, added "
+    "by this benchmark); checkpoints on both, on tmpfs, blocking (torchfleet: DCP at every "
+    "evaluation; nanoGPT: torch.save at each one that improves the val loss); inductor "
+    "caches cold on both"
+)
 
 
 def llama_config(device: str, quick: bool, batch: int, steps: int, compile_: bool) -> TrainConfig:
@@ -160,29 +180,72 @@ class PhaseClock:
 
 
 def run_shakespeare(args: argparse.Namespace) -> dict[str, Any]:
-    """The recipe through the Trainer, with where its wall clock went: start-up
-    (interpreter and imports, from the parent's launch), the process group, the
-    corpus, model set-up, the first step (compilation on the host, when on),
-    training, evaluation. Evaluations end with a sync, so their time is real;
-    the first step's is its host time, which is the compilation's."""
-    import torchfleet_trainer.train as train_module
-
+    """The recipe through the Trainer, checkpoints on tmpfs (see shakespeare_run)."""
     quick, compile_ = args.quick, compile_enabled(args)
     if not args.corpus.is_file():
         sys.exit(f"corpus not found at {args.corpus} (--corpus)")
-    config = shakespeare_config(args.device, quick, compile_, args.corpus)
+    checkpoints = Path(tempfile.mkdtemp(prefix="torchfleet-bench-ckpt-", dir=tmpfs()))
+    try:
+        return shakespeare_run(
+            args, shakespeare_config(args.device, quick, compile_, args.corpus, checkpoints)
+        )
+    finally:
+        shutil.rmtree(checkpoints, ignore_errors=True)
+
+
+def tmpfs() -> Path | None:
+    """Where both sides of the nanoGPT comparison keep their checkpoints."""
+    return Path("/dev/shm") if Path("/dev/shm").is_dir() else None
+
+
+def estimating_train_loss_too(trainer: Trainer, losses: dict[int, float]) -> None:
+    """Each evaluation also estimates the train split's loss, as nanoGPT's
+    estimate_loss does: evalBatches batches, drawn once and kept on the device as
+    the validation batches are, their losses summed there and read with one sync."""
+    evaluate = trainer.evaluate
+    chunks: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def both_splits(step: int) -> float:
+        if not chunks:
+            chunks.extend(trainer.eval_chunks("train", trainer.config.training.eval_batches))
+        trainer.model.train(False)
+        losses[step] = trainer.mean_loss(chunks)
+        trainer.model.train(True)
+        return evaluate(step)
+
+    trainer.evaluate = both_splits
+
+
+def shakespeare_run(args: argparse.Namespace, config: TrainConfig) -> dict[str, Any]:
+    """The recipe with nanoGPT's evaluation work, and where its wall clock went:
+    start-up (interpreter and imports, from the parent's launch), the process
+    group, the corpus, model set-up, the first step (compilation on the host,
+    when on), training, evaluation, checkpoints. Evaluations end with a sync and
+    saves block, so their time is real; the first step's is its host time, which
+    is the compilation's."""
+    import torchfleet_trainer.train as train_module
+
+    quick, compile_ = args.quick, config.training.compile
     clock = PhaseClock()
     clock.wrap(train_module, "load_corpus", "corpus")
     began = time.perf_counter()
     trainer = Trainer(config, build_runtime(config))
     setup = time.perf_counter() - began - clock.seconds["corpus"]
+    train_losses: dict[int, float] = {}
+    estimating_train_loss_too(trainer, train_losses)
     clock.wrap(trainer, "_step", "first_step", first_only=True)
     clock.wrap(trainer, "evaluate", "eval")
+    clock.wrap(trainer, "save", "checkpoint")
     began = time.perf_counter()
+    # nanoGPT evaluates at iteration 0 too.
+    before = trainer.evaluate(0)
     result = trainer.run()
     run_seconds = time.perf_counter() - began
     first, evaluation = clock.seconds["first_step"], clock.seconds.get("eval", 0.0)
-    # Step time is measured between settling steps; the first window holds the compile.
+    saving = clock.seconds.get("checkpoint", 0.0)
+    # Step time: each window between settling steps (every evaluation: logInterval is
+    # evalInterval) is timed apart from the evaluation and save that end it; the
+    # first window holds the compile.
     windows = [
         r["step_seconds"] for r in result.history if r["step"] > config.training.log_interval
     ]
@@ -192,10 +255,12 @@ def run_shakespeare(args: argparse.Namespace) -> dict[str, Any]:
         "corpus": clock.seconds["corpus"],
         "model_setup": setup,
         "first_step_incl_compile": first,
-        "train": run_seconds - first - evaluation,
+        "train": run_seconds - first - evaluation - saving,
         "eval": evaluation,
+        "checkpoint": saving,
     }
-    best = min(result.eval_losses.values())
+    val_losses = {0: before, **result.eval_losses}
+    best = min(val_losses.values())
     return {
         "recipe": "nanoGPT shakespeare-char" + (" (quick: 2x64, ctx 64)" if quick else ""),
         "steps": config.training.steps,
@@ -204,8 +269,11 @@ def run_shakespeare(args: argparse.Namespace) -> dict[str, Any]:
         "target_val_loss": 1.47,
         "run_seconds": round(run_seconds, 1),
         "per_step_ms": round(1000 * statistics.median(windows), 2) if windows else None,
+        "evaluations": len(val_losses),
+        "checkpoints_saved": config.training.steps // config.checkpoint.interval,
         "wall_split_seconds": {k: round(v, 2) for k, v in split.items() if v is not None},
-        "eval_losses": {k: round(v, 4) for k, v in result.eval_losses.items()},
+        "val_losses": {k: round(v, 4) for k, v in val_losses.items()},
+        "train_losses": {k: round(v, 4) for k, v in train_losses.items()},
     }
 
 
@@ -232,12 +300,16 @@ NANOGPT_QUICK = [
     "--lr_decay_iters=200",
     "--eval_interval=100",
     "--eval_iters=10",
-    "--log_interval=100",
+    # As the full recipe's: logged iterations that evaluate are left out of the
+    # step time, so some must not.
+    "--log_interval=10",
     "--dropout=0.0",
 ]
+NANOGPT_EVAL_INTERVAL = {False: 250, True: 100}  # its config's, and NANOGPT_QUICK's
 NANOGPT_FILES = ("train.py", "model.py", "configurator.py", "config")
 NANOGPT_EVAL = re.compile(r"step (\d+): train loss [\d.]+, val loss ([\d.]+)")
 NANOGPT_ITER = re.compile(r"iter (\d+): loss [\d.]+, time ([\d.]+)ms")
+NANOGPT_SAVE = "saving checkpoint to"
 
 
 def run_nanogpt(args: argparse.Namespace) -> dict[str, Any]:
@@ -252,8 +324,9 @@ def run_nanogpt(args: argparse.Namespace) -> dict[str, Any]:
     if missing:
         sys.exit(f"--nanogpt: {checkout} is not a nanoGPT checkout (missing {', '.join(missing)})")
     work = Path(tempfile.mkdtemp(prefix="torchfleet-nanogpt-"))
-    tmpfs = Path("/dev/shm") if Path("/dev/shm").is_dir() else work
-    out_dir = Path(tempfile.mkdtemp(prefix="torchfleet-nanogpt-out-", dir=tmpfs))
+    out_dir = Path(tempfile.mkdtemp(prefix="torchfleet-nanogpt-out-", dir=tmpfs() or work))
+    # Cold, as the Trainer's on its fresh checkpoint volume.
+    env = os.environ | {"TORCHINDUCTOR_CACHE_DIR": str(work / "inductor-cache")}
     try:
         for name in NANOGPT_FILES:
             (work / name).symlink_to((checkout / name).resolve())
@@ -267,7 +340,9 @@ def run_nanogpt(args: argparse.Namespace) -> dict[str, Any]:
         command += ["--compile=False"] if not compile_enabled(args) else []
         command += NANOGPT_QUICK if args.quick else []
         began = time.time()
-        done = subprocess.run(command, cwd=work, capture_output=True, text=True, check=False)
+        done = subprocess.run(
+            command, cwd=work, env=env, capture_output=True, text=True, check=False
+        )
         wall = time.time() - began
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -275,7 +350,14 @@ def run_nanogpt(args: argparse.Namespace) -> dict[str, Any]:
     if done.returncode != 0:
         sys.exit(f"nanoGPT exited {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
     evals = [(int(m[1]), float(m[2])) for m in NANOGPT_EVAL.finditer(done.stdout)]
-    iters = [float(m[2]) for m in NANOGPT_ITER.finditer(done.stdout) if int(m[1]) > 0]
+    # An iteration that evaluates (and saves) times that too: left out, as the
+    # Trainer's windows leave them out.
+    every = NANOGPT_EVAL_INTERVAL[args.quick]
+    iters = [
+        float(m[2])
+        for m in NANOGPT_ITER.finditer(done.stdout)
+        if int(m[1]) > 0 and int(m[1]) % every
+    ]
     if not evals:
         sys.exit(f"nanoGPT printed no evaluation\n{done.stdout[-2000:]}")
     best_step, best = min(evals, key=lambda e: e[1])
@@ -286,6 +368,8 @@ def run_nanogpt(args: argparse.Namespace) -> dict[str, Any]:
         "best_step": best_step,
         # nanoGPT times the iterations it logs (each ends in a loss.item()).
         "per_step_ms": round(statistics.median(iters), 2) if iters else None,
+        "evaluations": len(evals),
+        "checkpoints_saved": done.stdout.count(NANOGPT_SAVE),
     }
 
 
@@ -710,6 +794,19 @@ def child_main(args: argparse.Namespace) -> None:
     print(RESULT_PREFIX + json.dumps(result), flush=True)
 
 
+def side_by_side(report: dict[str, Any]) -> dict[str, Any]:
+    """The figures the comparison stands on, each side's next to the other's."""
+    sides = {
+        "torchfleet": report["shakespeare_char"],
+        "nanogpt": report["nanogpt_shakespeare_char"],
+    }
+    figures = ["process_wall_seconds", "per_step_ms", "best_val_loss"]
+    figures += ["evaluations", "checkpoints_saved"]
+    return {"work": SAME_WORK} | {
+        figure: {side: values.get(figure) for side, values in sides.items()} for figure in figures
+    }
+
+
 def target_line(what: str, value: float | None, limit: float, at_most: bool, quick: bool) -> str:
     if value is None:
         return f"{what}: not measured"
@@ -805,6 +902,8 @@ def main() -> None:
         if args.nanogpt:
             report["nanogpt_shakespeare_char"] = run_nanogpt(args)
             print(json.dumps(report["nanogpt_shakespeare_char"]), flush=True)
+            report["nanogpt_comparison"] = side_by_side(report)
+            print(json.dumps(report["nanogpt_comparison"]), flush=True)
     if args.only in (None, "throughput"):
         report["llama_throughput"] = run_throughput(args)
         print(json.dumps(report["llama_throughput"]), flush=True)

@@ -33,6 +33,7 @@ from torchfleet_trainer.config import (
 from torchfleet_trainer.data import (
     BatchSampler,
     DeviceBatches,
+    Split,
     TrainBatchPrefetcher,
     inputs_and_targets,
     load_corpus,
@@ -695,11 +696,7 @@ class Trainer:
         first = self.validation is None
         generous = self.timeouts.generous() if self.timeouts and first else nullcontext()
         with self.phase(contract.PHASE_EVAL), generous:
-            total = torch.zeros((), device=self.runtime.device)
-            for inputs, targets in self._validation_chunks():
-                total += self.model.eval_loss(inputs, targets).float()
-            chunks = self.config.training.eval_batches * self.runtime.accum_steps
-            loss = float(mean_over_data_parallel(total, self.runtime)) / chunks
+            loss = self.mean_loss(self._validation_chunks())
         self.model.train(True)
         if self.metrics:
             self.metrics.eval_loss.set(loss)
@@ -708,16 +705,36 @@ class Trainer:
         self.log("eval", step=step, val_loss=round(loss, 6))
         return loss
 
+    @torch.no_grad()
+    def mean_loss(self, chunks: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+        """Mean loss of the model as it is (evaluate() puts it in eval mode) over
+        ``chunks``, over every data-parallel rank: summed on the device, read with
+        one sync."""
+        total = torch.zeros((), device=self.runtime.device)
+        for inputs, targets in chunks:
+            total += self.model.eval_loss(inputs, targets).float()
+        return float(mean_over_data_parallel(total, self.runtime)) / len(chunks)
+
     def _validation_chunks(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The first evalBatches global validation batches, this rank's rows, on the
-        device, in the same chunks as training's micro-steps (which bound memory)."""
+        """The first evalBatches global validation batches, drawn once."""
         if self.validation is None:
-            rows, accum = self.config.training.global_batch_size, self.runtime.accum_steps
-            self.validation = []
-            for index in range(self.config.training.eval_batches):
-                windows = self.sampler.windows_at("val", index, rows).to(self.runtime.device)
-                self.validation += [inputs_and_targets(w) for w in windows.chunk(accum)]
+            self.validation = self.eval_chunks("val", self.config.training.eval_batches)
         return self.validation
+
+    def eval_chunks(self, split: Split, batches: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The first ``batches`` global batches of ``split``, this rank's rows, on the
+        device in training's micro-batch chunks: the largest batch memory is known
+        to take. Copied without blocking (from pinned memory on a GPU), so drawing
+        them is no host sync."""
+        rows, accum = self.config.training.global_batch_size, self.runtime.accum_steps
+        chunks: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for index in range(batches):
+            windows = self.sampler.windows_at(split, index, rows)
+            if self.runtime.device.type == "cuda":
+                windows = windows.pin_memory()
+            windows = windows.to(self.runtime.device, non_blocking=True)
+            chunks += [inputs_and_targets(w) for w in windows.chunk(accum)]
+        return chunks
 
     def _report(self, record: dict[str, float]) -> None:
         step_seconds = record["step_seconds"]
