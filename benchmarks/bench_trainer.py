@@ -63,7 +63,7 @@ import torch.nn.functional as F
 
 from torchfleet_trainer.config import TrainConfig
 from torchfleet_trainer.data import BatchSampler, load_corpus
-from torchfleet_trainer.metrics import mfu_peak_tflops
+from torchfleet_trainer.metrics import mfu_peak_tflops, no_peak_message
 from torchfleet_trainer.models import build_model
 from torchfleet_trainer.train import Trainer, build_runtime, init_distributed
 
@@ -564,6 +564,8 @@ def throughput_report(
     if peak:
         figures["peak_tflops"] = peak
         figures["mfu"] = {v: round(r * flops / (peak * 1e12), 4) for v, r in rates.items()}
+    elif device_name:
+        figures["mfu_unavailable"] = no_peak_message(device_name)
     return figures
 
 
@@ -839,7 +841,10 @@ def targets(report: dict[str, Any]) -> list[str]:
             target_line("llama tokens/s / plain compiled loop's", speedup, 1.0, False, quick)
         )
         mfu = llama.get("mfu", {}).get("torchfleet")
-        lines.append(target_line("llama MFU", mfu, 0.52, False, quick))
+        if mfu is None and "mfu_unavailable" in llama:
+            lines.append(f"llama MFU: {llama['mfu_unavailable']}")
+        else:
+            lines.append(target_line("llama MFU", mfu, 0.52, False, quick))
     return lines
 
 
