@@ -126,6 +126,10 @@ def _constraints(node: dict[str, Any]) -> list[str]:
 def _default(node: dict[str, Any], required: bool) -> str:
     if required:
         return "required"
+    if node.get("default", {}) == {} and _ref_name(node):
+        # An object always present (`{}`, or built by a default factory): its own
+        # fields' defaults apply.
+        return "its fields' defaults"
     if "default" not in node or node["default"] is None:
         return "unset"
     return _code(node["default"])
