@@ -93,7 +93,12 @@ def run(plan: dict[str, Any]) -> int:
     except FileNotFoundError:
         if working_dir_before is None:
             raise
-        os.fchdir(working_dir_before)
+        # The agent's default one, hidden by the volume over /tmp: bound back at
+        # its path, which the command's children chdir to by name
+        # (multiprocessing's spawn does), as an empty chain of folders there.
+        os.makedirs(plan["working_dir"], exist_ok=True)
+        _mount(f"/proc/self/fd/{working_dir_before}", plan["working_dir"], None, MS_BIND, None)
+        os.chdir(plan["working_dir"])
     try:
         child = subprocess.Popen(plan["argv"], env=plan["env"])
     except OSError as error:
