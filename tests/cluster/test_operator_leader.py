@@ -1,8 +1,10 @@
 """Two operator replicas, one leader (a real coordination.k8s.io Lease).
 
-Each test starts its own pair, watching only its namespace and electing on a
-Lease there, with short timings (lease 4 s, renew deadline 3 s, retry 0.5 s)
-so that a take-over takes seconds.
+Each test starts its own pair, watching only its namespace and electing, as
+the chart runs it, on the chart's Lease in the chart's namespace (the
+identity's: tests/fixtures/chart_identity.py; the pairs of one session take
+turns), with short timings (lease 4 s, renew deadline 3 s, retry 0.5 s) so
+that a take-over takes seconds.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from datetime import datetime
 
 import pytest
 
+from tests.fixtures.chart_identity import LEASE
+from tests.fixtures.chart_identity import NAMESPACE as CHART_NAMESPACE
 from tests.fixtures.cluster import audit_events, audit_log, token_kubeconfig
 from tests.fixtures.operator import kwok_job_spec as spec
 
@@ -26,7 +30,8 @@ LEASE_SECONDS = 4
 def _pair(operator_factory, namespace, kubeconfigs=(None, None), **env):
     settings = {
         "TORCHFLEET_OPERATOR_LEADER_ELECT": "true",
-        "POD_NAMESPACE": namespace,
+        "POD_NAMESPACE": CHART_NAMESPACE,
+        "TORCHFLEET_OPERATOR_LEASE_NAME": LEASE,
         "TORCHFLEET_OPERATOR_LEASE_DURATION_SECONDS": str(LEASE_SECONDS),
         "TORCHFLEET_OPERATOR_LEASE_RENEW_DEADLINE_SECONDS": "3",
         "TORCHFLEET_OPERATOR_LEASE_RETRY_PERIOD_SECONDS": "0.5",
@@ -70,7 +75,7 @@ def test_only_the_leader_writes_and_no_pod_is_made_twice(
     assert _writes(leader) > 40 and _writes(standby) == 0
     assert standby.metric("torchfleet_operator_leader") == 0
     lease = json.loads(
-        cluster.kubectl("get", "lease", "torchfleet-operator", "-n", namespace, "-o", "json").stdout
+        cluster.kubectl("get", "lease", LEASE, "-n", CHART_NAMESPACE, "-o", "json").stdout
     )
     assert lease["spec"]["holderIdentity"] and lease["spec"]["leaseDurationSeconds"] == 4
 
@@ -203,7 +208,7 @@ def test_a_leader_stopped_past_its_lease_never_writes_again(
         interval=0.1,
     )
     lease = json.loads(
-        cluster.kubectl("get", "lease", "torchfleet-operator", "-n", namespace, "-o", "json").stdout
+        cluster.kubectl("get", "lease", LEASE, "-n", CHART_NAMESPACE, "-o", "json").stdout
     )
     taken = _when(lease["spec"]["acquireTime"])
     # Work that the frozen leader's watches deliver when it thaws.
