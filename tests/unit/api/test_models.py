@@ -92,7 +92,12 @@ def test_defaults_are_applied() -> None:
             "restartPolicy": "OnFailure",
             "cleanPodPolicy": "Running",
             "successPolicy": "Master",
-            "stragglers": {"threshold": 1.3, "windows": 3, "action": "Report"},
+            "stragglers": {
+                "threshold": 1.3,
+                "windows": 3,
+                "action": "Report",
+                "maxReplacements": 3,
+            },
             "stall": {"stepTimeMultiple": 20.0, "minSeconds": 300, "action": "Report"},
         },
         "scheduling": {"podGroup": "None"},
