@@ -1,6 +1,6 @@
 """`kubectl get tj -o wide` on a real API server: the wide columns (loss,
-validation loss, checkpoint, tokens/s, MFU, goodput) show a status the operator's own code produced, and the plain
-table keeps its columns."""
+validation loss, checkpoint, tokens/s, MFU, goodput) show a status the
+operator's own code produced, and the plain table keeps its columns."""
 
 from __future__ import annotations
 
