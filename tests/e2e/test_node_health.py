@@ -5,18 +5,24 @@ One fixed 1 + 2 Shakespeare job (one process per pod, spread over the agent's
 two nodes), ``runPolicy.inPlaceRestarts: 1`` and
 ``runPolicy.stragglers: {windows: 2, action: Replace}``, goes through both:
 
-1. After its first checkpoint a worker's training process is SIGKILLed. Every
+1. After its second checkpoint (the trainer holds itself there, tests/e2e/hold,
+   until the kill) a worker's training process is SIGKILLed. Every
    pod's launcher restarts its process and the gang meets again in a new
-   rendezvous round, resuming from the checkpoint: the operator counts it from
+   rendezvous round, resuming from exactly that checkpoint, the last one saved
+   before the kill (not the first, which is kept too): the operator counts it from
    the master's /metrics (status.inPlaceRestarts, toward backoffLimit) and
    never touches the pods (same uids, restartCount 0). Every rank's output of
    each round is kept on the checkpoint volume.
-2. Then the node that holds one worker alone is throttled to a fiftieth of its CPU
+2. Then, the new round held at a later step and no node named a straggler
+   so far, the node that holds one worker alone is throttled to a fiftieth of its CPU
    quota (the agent's ``torchfleet.dev/cpu-throttle``: the CFS quota a kubelet
    would set, standing in for a throttled GPU). The trainer's per-node compute
    time singles it out, the Straggler condition names it within the windows,
    and the gang restarts away from it as a disruption: no pod of the next gang
    lands there, and the job succeeds.
+
+A control run of the same job under the same load, with nothing killed or
+throttled, names no node: the detector does not see stragglers in noise.
 
 A second job's rank allocates past its memory limit on its first gang: the
 kernel OOM-kills it (exit 137, OOMKilled), and restartPolicy ExitCode retries
@@ -32,12 +38,21 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.test_training import corpus_namespace, events, get_job, load_example, wait_job
+from tests.e2e.test_training import (
+    StatusWatch,
+    corpus_namespace,
+    events,
+    get_job,
+    load_example,
+    wait_job,
+)
 from tests.fixtures.e2e import (
     E2E_NODES,
     LOCAL_PLACEMENT,
+    Hold,
     NodeAgent,
     apply_objects,
+    held_at,
     throttled_node,
 )
 from torchfleet_operator.api import constants
@@ -57,17 +72,23 @@ NAME = "straggler"
 THROTTLE = 0.02
 WINDOWS = 3
 LOG_INTERVAL = 20
-# About 8 s unthrottled: the kill, the in-place round (20-30 s here, during which
-# nothing steps), its scrape (the gang is near step 150 by then) and the throttle
-# all land well before the end.
+# About 8 s unthrottled; the kill and the throttle land at held points, the
+# throttle with 240 steps (12 windows) left.
 STEPS = 400
+# The example's (it keeps the last 2): the kill comes once the second is
+# saved (held there), so that a resume from the first one is caught.
+CHECKPOINT_INTERVAL = 50
+KILL_AT_CHECKPOINT = 2 * CHECKPOINT_INTERVAL
+# The next round is held here for the throttle: a logged step (a multiple of
+# LOG_INTERVAL) after the round's resume.
+THROTTLE_AT_STEP = 160
 
 
-def spread_shakespeare() -> dict[str, Any]:
+def spread_shakespeare(name: str = NAME) -> dict[str, Any]:
     """examples/shakespeare-ddp.yaml as a 1 + 2 gang of one process per pod,
     spread over the two agent nodes (2 + 1), slow nodes replaced."""
     job = load_example("shakespeare-ddp.yaml")
-    job["metadata"]["name"] = NAME
+    job["metadata"]["name"] = name
     spec = job["spec"]
     spec["processesPerNode"] = 1
     spec["worker"]["replicas"] = 2
@@ -78,11 +99,12 @@ def spread_shakespeare() -> dict[str, Any]:
     trainer = spec["trainer"]
     trainer["training"] |= {"steps": STEPS, "globalBatchSize": 12, "logInterval": LOG_INTERVAL}
     trainer["parallel"]["dataParallelReplicate"] = 3
+    assert trainer["checkpoint"]["interval"] == CHECKPOINT_INTERVAL, trainer["checkpoint"]
     spread = {
         "maxSkew": 1,
         "topologyKey": "kubernetes.io/hostname",
         "whenUnsatisfiable": "DoNotSchedule",
-        "labelSelector": {"matchLabels": {"torchfleet.dev/job-name": NAME}},
+        "labelSelector": {"matchLabels": {"torchfleet.dev/job-name": name}},
     }
     for role in ("master", "worker"):
         spec[role]["template"]["spec"]["topologySpreadConstraints"] = [spread]
@@ -129,15 +151,19 @@ def pod_uids(cluster: Any, namespace: str) -> dict[str, str]:
 
 
 def restart_in_place(
-    cluster: Any, job_driver: Any, namespace: str, uids: dict[str, str], victim: procs.PodProcess
+    cluster: Any,
+    job_driver: Any,
+    namespace: str,
+    uids: dict[str, str],
+    victim: procs.PodProcess,
+    hold: Hold,
 ) -> tuple[dict[str, Any], str, float]:
-    """Kills the ``victim`` training process; (the status that counts the in-place
-    restart, the killed rank, when it was killed)."""
+    """Kills the ``victim`` training process while the trainer is held at
+    ``hold``, then lets it go; (the status that counts the in-place restart, the
+    killed rank, when it was killed)."""
     rank = rank_of(victim)
-    # Held first (the gang waits for it in its next all-reduce) until the
-    # operator has seen the round step: it cannot date a failure that comes
-    # before its first scrape, and an idle machine gets here before that.
-    procs.kill(victim, signal.SIGSTOP)
+    # The operator cannot date a failure that comes before its first scrape:
+    # the held trainer still serves /metrics, and the status shows its step.
     job_driver.wait_for(
         "a step of the first round in status",
         lambda: (get_job(cluster, namespace, NAME)["status"].get("progress") or {}).get("step"),
@@ -146,6 +172,7 @@ def restart_in_place(
     )
     killed_at = time.time()
     procs.kill(victim, signal.SIGKILL)
+    hold.release()
     status = job_driver.wait_for(
         "the in-place restart in status",
         lambda: (s := get_job(cluster, namespace, NAME)["status"]).get("inPlaceRestarts") and s,
@@ -156,77 +183,124 @@ def restart_in_place(
     return status, rank, killed_at
 
 
+def all_events(agent: NodeAgent, namespace: str, kind: str) -> list[dict[str, Any]]:
+    """One event kind from every run of every pod of the job, in time order:
+    rank 0, which logs, is on whichever pod its rendezvous round put it."""
+    pods = (f"{NAME}-master-0", f"{NAME}-worker-0", f"{NAME}-worker-1")
+    found = [
+        e
+        for pod in pods
+        for log in agent.logs(namespace, pod, "trainer")
+        for e in events(log, kind)
+    ]
+    return sorted(found, key=lambda e: e["time"])
+
+
+def stragglers(statuses: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every Straggler condition the statuses carried."""
+    return [c for s in statuses for c in s.get("conditions") or [] if c["type"] == "Straggler"]
+
+
 def test_a_killed_rank_restarts_in_place_then_a_throttled_node_is_left(
     cluster, node_agent, e2e_operator, job_driver
 ):
-    master = f"{NAME}-master-0"
     with corpus_namespace(cluster, node_agent, e2e_operator, "e2e-recovery") as namespace:
-        apply_objects(cluster, namespace, spread_shakespeare())
-        placed = job_driver.wait_for(
-            "the gang spread 2 + 1 over the agent's nodes",
-            lambda: (
-                sorted(map(len, (p := pods_by_node(cluster, namespace, 0)).values())) == [1, 2]
-                and p
-            ),
-            timeout=120,
+        job = spread_shakespeare()
+        kill_hold, throttle_hold = held_at(
+            job,
+            node_agent,
+            namespace,
+            ("checkpoint", KILL_AT_CHECKPOINT),
+            ("step", THROTTLE_AT_STEP),
         )
-        slow_node = next(node for node, pods in placed.items() if len(pods) == 1)
-        assert slow_node in E2E_NODES
-        # The victim found first, so that it is held the moment there is a
-        # checkpoint to resume from (read from the trainer's log, faster than any
-        # scrape): unthrottled on an idle machine, the whole run takes seconds.
-        uids = pod_uids(cluster, namespace)
-        victim = job_driver.wait_for(
-            "worker-1's training process",
-            lambda: next(iter(training_processes(uids[f"{NAME}-worker-1"])), None),
-            timeout=120,
-            interval=0.05,
-        )
-        job_driver.wait_for(
-            "a checkpoint to resume from",
-            lambda: any(
-                events(log, "checkpoint") for log in node_agent.logs(namespace, master, "trainer")
-            ),
-            timeout=300,
-            interval=0.05,
-        )
-
-        # 1. A rank killed: restarted in place.
-        in_place, killed_rank, killed_at = restart_in_place(
-            cluster, job_driver, namespace, uids, victim
-        )
-        counted_after = time.time() - killed_at
-        logs = node_agent.claim_dir(namespace, f"{NAME}-checkpoint") / "logs" / "gen-0"
-        killed_log = (logs / "round-0" / f"rank-{killed_rank}.log").read_text(errors="replace")
-        rank_zero_log = (logs / "round-0" / "rank-0.log").read_text(errors="replace")
-        second_round = sorted(p.name for p in (logs / "round-1").iterdir())
-        # Posted after the status write that shows the restart: waited for.
-        in_place_events = [
-            e["message"]
-            for e in job_driver.wait_events(namespace, NAME, {"InPlaceRestart"}, type="Warning")
-            if e["reason"] == "InPlaceRestart"
-        ]
-
-        # 2. A node throttled: named and left.
-        before = master_steps(node_agent, namespace)
-        with throttled_node(cluster, slow_node, THROTTLE):
-            throttled_at = time.time()
-            named = job_driver.wait_for(
-                "the Straggler condition",
-                lambda: condition(job := get_job(cluster, namespace, NAME), "Straggler") and job,
-                timeout=300,
-            )
-            detected_after = time.time() - throttled_at
-            restarted = job_driver.wait_for(
-                "the gang restarted away from the slow node",
+        statuses = StatusWatch(cluster, namespace, NAME)
+        with statuses:
+            apply_objects(cluster, namespace, job)
+            placed = job_driver.wait_for(
+                "the gang spread 2 + 1 over the agent's nodes",
                 lambda: (
-                    (s := get_job(cluster, namespace, NAME)["status"]).get("restartCount") == 1
-                    and s
+                    sorted(map(len, (p := pods_by_node(cluster, namespace, 0)).values())) == [1, 2]
+                    and p
                 ),
+                timeout=120,
+            )
+            slow_node = next(node for node, pods in placed.items() if len(pods) == 1)
+            assert slow_node in E2E_NODES
+            held = job_driver.wait_for(
+                "the trainer held at its second checkpoint", kill_hold.held, timeout=300
+            )
+            uids = pod_uids(cluster, namespace)
+            victim = job_driver.wait_for(
+                "worker-1's training process",
+                lambda: next(iter(training_processes(uids[f"{NAME}-worker-1"])), None),
                 timeout=60,
             )
-            after = pods_by_node_wait(job_driver, cluster, namespace)
-        job = wait_job(cluster, namespace, NAME, {"Succeeded", "Failed"}, timeout=540)
+
+            # 1. A rank killed: restarted in place.
+            in_place, killed_rank, killed_at = restart_in_place(
+                cluster, job_driver, namespace, uids, victim, kill_hold
+            )
+            counted_after = time.time() - killed_at
+            logs = node_agent.claim_dir(namespace, f"{NAME}-checkpoint") / "logs" / "gen-0"
+            killed_log = (logs / "round-0" / f"rank-{killed_rank}.log").read_text(errors="replace")
+            rank_zero_log = (logs / "round-0" / "rank-0.log").read_text(errors="replace")
+            second_round = sorted(p.name for p in (logs / "round-1").iterdir())
+            # Posted after the status write that shows the restart: waited for.
+            in_place_events = [
+                e["message"]
+                for e in job_driver.wait_events(namespace, NAME, {"InPlaceRestart"}, type="Warning")
+                if e["reason"] == "InPlaceRestart"
+            ]
+
+            # The new round resumed from exactly the last checkpoint saved before
+            # the kill: the one the trainer was held at, not the one before it.
+            resumed = job_driver.wait_for(
+                "the new round's resume",
+                lambda: [
+                    e["step"]
+                    for e in all_events(node_agent, namespace, "resumed")
+                    if e["time"] > killed_at
+                ],
+                timeout=120,
+            )
+            saved_before = [
+                e["step"]
+                for e in all_events(node_agent, namespace, "checkpoint")
+                if e["time"] < killed_at
+            ]
+            assert held["step"] == KILL_AT_CHECKPOINT, held
+            assert saved_before == [CHECKPOINT_INTERVAL, KILL_AT_CHECKPOINT], saved_before
+            assert resumed[:1] == [KILL_AT_CHECKPOINT], (resumed, saved_before)
+
+            # 2. A node throttled: named and left. Not before: no status so far
+            # named a straggler.
+            job_driver.wait_for(
+                f"the new round held at step {THROTTLE_AT_STEP}", throttle_hold.held, timeout=300
+            )
+            unthrottled = [*statuses.seen, get_job(cluster, namespace, NAME)["status"]]
+            assert not stragglers(unthrottled), stragglers(unthrottled)
+            before = master_steps(node_agent, namespace)
+            with throttled_node(cluster, slow_node, THROTTLE):
+                throttled_at = time.time()
+                throttle_hold.release()
+                named = job_driver.wait_for(
+                    "the Straggler condition",
+                    lambda: (
+                        condition(job := get_job(cluster, namespace, NAME), "Straggler") and job
+                    ),
+                    timeout=300,
+                )
+                detected_after = time.time() - throttled_at
+                restarted = job_driver.wait_for(
+                    "the gang restarted away from the slow node",
+                    lambda: (
+                        (s := get_job(cluster, namespace, NAME)["status"]).get("restartCount") == 1
+                        and s
+                    ),
+                    timeout=60,
+                )
+                after = pods_by_node_wait(job_driver, cluster, namespace)
+            job = wait_job(cluster, namespace, NAME, {"Succeeded", "Failed"}, timeout=540)
 
     counted = in_place["inPlaceRestarts"]
     assert counted["total"] == 1 and counted["inGang"] == 1, counted
@@ -277,6 +351,30 @@ def test_a_killed_rank_restarts_in_place_then_a_throttled_node_is_left(
             }
         )
     )
+
+
+def test_a_run_under_the_same_load_unthrottled_names_no_node(
+    cluster, node_agent, e2e_operator, job_driver
+):
+    """The control of the test above: the same job, nothing killed or throttled.
+    The detector measured every node of it, and named none."""
+    name = "steady"
+    with corpus_namespace(cluster, node_agent, e2e_operator, "e2e-steady") as namespace:
+        with StatusWatch(cluster, namespace, name) as statuses:
+            apply_objects(cluster, namespace, spread_shakespeare(name))
+            job = wait_job(cluster, namespace, name, {"Succeeded", "Failed"}, timeout=540)
+        status = job["status"]
+        assert status["phase"] == "Succeeded", status
+        assert not stragglers([*statuses.seen, status]), stragglers(statuses.seen)
+        assert not status.get("health", {}).get("avoidedNodes"), status["health"]
+        assert status["restartCount"] == 0, status
+        # Not named because it was measured and found even, not for want of figures.
+        measured = [
+            {n["node"] for n in s["health"]["nodes"] if n.get("stragglerScore") is not None}
+            for s in statuses.seen
+            if (s.get("health") or {}).get("nodes")
+        ]
+        assert any(len(nodes) == len(E2E_NODES) for nodes in measured), measured
 
 
 def pods_by_node_wait(job_driver: Any, cluster: Any, namespace: str) -> dict[str, list[str]]:

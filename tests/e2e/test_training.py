@@ -56,7 +56,7 @@ SHARED_CORPUS = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
 # context. The example ends near 2.4 (measured on this machine).
 VAL_LOSS_THRESHOLD = 2.8
 KILL_AFTER_STEP = 100
-# How long one watch request of the progress recorder lasts: also the longest it
+# How long one watch request of the status watch lasts: also the longest it
 # takes to notice it was stopped when no status write comes.
 WATCH_TIMEOUT_SECONDS = 10
 
@@ -127,10 +127,16 @@ class ShakespeareRun:
     claim_dir: Path | None = None
 
 
-class ProgressRecorder:
-    """Every status.progress the job's status writes carried, in order, from a
-    watch: a poll sees only the writes that last until it looks, and a gang
-    restart's reset can last less than a second before the new gang's scrape."""
+class StatusWatch:
+    """Every status the API server sent for one TrainingJob, in order, from a
+    watch in a thread (one connection, not a poll: a poll sees only the writes
+    that last until it looks, and a gang restart's reset can last less than a
+    second before the new gang's scrape); what `kubectl get -w` shows.
+
+    A watch the API server ends (its timeout; it also ends them when a CRD is
+    applied) resumes from the last version seen, or lists again when that
+    version is gone (410). Nothing else is swallowed: any other error ends the
+    watch and is raised when the block ends, with the statuses seen so far."""
 
     def __init__(self, cluster: Any, namespace: str, name: str) -> None:
         from kubernetes import client
@@ -142,20 +148,34 @@ class ProgressRecorder:
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._record, daemon=True)
 
-    def __enter__(self) -> ProgressRecorder:
+    def __enter__(self) -> StatusWatch:
         self.thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, failed: type[BaseException] | None, *exc: object) -> None:
         self.stopped.set()
         self.thread.join(timeout=WATCH_TIMEOUT_SECONDS + 30)
-        assert not self.thread.is_alive(), "the progress watch did not stop"
+        if failed is not None:
+            return  # the block's own failure is the one to see
+        assert not self.thread.is_alive(), "the status watch did not stop"
         if self.error is not None:
-            raise AssertionError(f"the progress watch failed: {self.error!r}")
+            raise AssertionError(
+                f"the status watch failed after {len(self.seen)} statuses: {self.error!r}"
+            ) from self.error
+
+    def progress(self) -> list[dict[str, Any]]:
+        """Every status.progress seen, an unchanged one once."""
+        found: list[dict[str, Any]] = []
+        for status in self.seen:
+            progress = status.get("progress")
+            if progress and progress not in found[-1:]:
+                found.append(progress)
+        return found
 
     def _record(self) -> None:
         from kubernetes import watch
         from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import ProtocolError
 
         version = None
         try:
@@ -175,16 +195,18 @@ class ProgressRecorder:
                     for event in stream:
                         obj = event["object"]
                         version = obj["metadata"]["resourceVersion"]
-                        # A bookmark carries no status; an unchanged progress is no news.
-                        progress = (obj.get("status") or {}).get("progress")
-                        if progress and progress not in self.seen[-1:]:
-                            self.seen.append(progress)
+                        # A bookmark carries no status; an unchanged one is no news.
+                        status = obj.get("status") or {}
+                        if event["type"] != "BOOKMARK" and status not in self.seen[-1:]:
+                            self.seen.append(copy.deepcopy(status))
                         if self.stopped.is_set():
                             break
-                except ApiException as error:
+                except ApiException as error:  # the client raises the watch's ERROR events
                     if error.status != 410:
                         raise
                     version = None  # compacted: start again from a fresh list
+                except ProtocolError:
+                    pass  # the server ended the connection: resume from `version`
         except BaseException as error:  # surfaced by __exit__, not lost in the thread
             self.error = error
 
@@ -252,10 +274,10 @@ def shakespeare(cluster, node_agent, e2e_operator, prometheus) -> Iterator[Shake
         # module proves (test_node_health.py proves the in-place one).
         job_manifest["spec"]["runPolicy"]["inPlaceRestarts"] = 0
         name = job_manifest["metadata"]["name"]
-        with ProgressRecorder(cluster, namespace, name) as recorder:
+        with StatusWatch(cluster, namespace, name) as statuses:
             apply_objects(cluster, namespace, job_manifest)
             run = _run_with_a_killed_worker(cluster, namespace, name, node_agent)
-        run.progress_seen = recorder.seen
+        run.progress_seen = statuses.progress()
         yield run
 
 
