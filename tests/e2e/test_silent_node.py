@@ -3,7 +3,10 @@
 examples/shakespeare-ddp.yaml as a 1 + 2 gang of one process per pod (with
 the default in-place budget, which a lost node does not use), its master on the
 agent's first node and a worker alone on the second, under a collective timeout
-of 600 s in every pod's env. After its first checkpoint the second node dies as a machine does (the
+of 600 s in every pod's env. After its first checkpoint (the trainer holds
+itself there, tests/e2e/hold, until the node is dead: unheld, a fast machine
+ran the remaining steps to Succeeded before the node died, and there was no
+failure to recover from) the second node dies as a machine does (the
 agent's silent-death annotation: no heartbeat, the pod's network gone before
 its processes, nothing reset, no deletion confirmed). Its peers sit in a
 collective that will never complete; a fixed gang cannot train on without the
@@ -29,7 +32,14 @@ from tests.e2e.test_elastic import (
     pod_uid_or_none,
 )
 from tests.e2e.test_training import corpus_namespace, load_example, pod_uid, wait_job
-from tests.fixtures.e2e import E2E_NODES, NodeAgent, apply_objects, silent_node
+from tests.fixtures.e2e import (
+    E2E_NODES,
+    NodeAgent,
+    apply_objects,
+    held_at,
+    release_once_dead,
+    silent_node,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.timeout(900)]
 
@@ -70,21 +80,20 @@ def test_a_fixed_gang_on_a_silent_node_restarts_soon_and_resumes(
 ):
     wait_for = job_driver.wait_for
     with corpus_namespace(cluster, node_agent, e2e_operator, "e2e-silent") as namespace:
-        apply_objects(cluster, namespace, silent_gang())
+        job = silent_gang()
+        (hold,) = held_at(job, node_agent, namespace, ("checkpoint", CHECKPOINT_INTERVAL))
+        apply_objects(cluster, namespace, job)
         placed = wait_for(
             "the gang's three pods placed",
             lambda: len(p := placement(cluster, namespace)) == len(PODS) and p,
             timeout=60,
         )
         (victim,) = [pod for pod in WORKERS if placed[pod] != E2E_NODES[0]]
-        saved = wait_for(
-            "the first checkpoint",
-            lambda: trainer_events(node_agent, namespace, "checkpoint"),
-            timeout=420,
-        )[0]["step"]
+        saved = wait_for("the trainer held at its first checkpoint", hold.held, timeout=420)["step"]
         old_uid = pod_uid(cluster, namespace, victim)
         with silent_node(cluster, placed[victim]):
             lost_at = time.time()
+            release_once_dead(wait_for, old_uid, hold)
             # The dead node never confirms the pod's deletion: the operator
             # force-deletes it once the node is lost.
             wait_for(
@@ -119,8 +128,10 @@ def test_a_fixed_gang_on_a_silent_node_restarts_soon_and_resumes(
         assert restarts and victim in restarts[0]["message"], restarts
         to_first_step = resumed["time"] - lost_at
         assert to_first_step < RECOVERY_SECONDS, to_first_step
-        # The new gang resumed from a checkpoint saved before the death.
-        assert saved <= load["step"] < resumed["step"], (saved, load, resumed)
+        # The new gang resumed from the last checkpoint saved before the death:
+        # the one the trainer was held at.
+        assert load["step"] == saved < resumed["step"], (saved, load, resumed)
+        assert saved == CHECKPOINT_INTERVAL < STEPS, saved
         print(
             f"\nfixed gang, silent node (collective timeout {COLLECTIVE_TIMEOUT:g}s): "
             f"death -> lost pod force-deleted {force_deleted_after:.1f}s; "
