@@ -76,29 +76,44 @@ def held_sources(mounts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return held
 
 
+def kept_paths(plan: dict[str, Any]) -> list[str]:
+    """Host paths the container's command needs that a volume must not hide:
+    what stands in for the image (the agent's image_paths: the Python
+    environment, the checkout), the PATH and PYTHONPATH entries, and the
+    agent's default working directory. Parents first."""
+    env = plan["env"]
+    found = [*plan.get("image_paths", ()), plan["working_dir"]]
+    for name in ("PATH", "PYTHONPATH"):
+        found += [entry for entry in (env.get(name) or "").split(":") if entry]
+    return sorted({os.path.abspath(path) for path in found}, key=len)
+
+
+def keep_visible(held: list[tuple[str, int]]) -> None:
+    """After the mounts: each kept path that a volume hid (a volume over /tmp
+    when the checkout or the agent's state dir lives there) is bound back at
+    its path, over an empty chain of folders made in the volume. A path the
+    volume itself holds (a workingDir inside it) stays the volume's."""
+    for path, fd in held:
+        if os.path.exists(path):
+            continue
+        os.makedirs(path, exist_ok=True)
+        _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None)
+
+
 def run(plan: dict[str, Any]) -> int:
     socket.sethostname(plan["hostname"])
     etc = [
         {"source": plan["etc_files"][name], "target": f"/etc/{name}"}
         for name in ("hosts", "hostname", "nsswitch.conf")
     ]
-    # The working directory as it was before the mounts too: a default one under
-    # the state dir is hidden by a volume over /tmp.
-    working_dir_before = _open_path(plan["working_dir"])
+    # Opened before the mounts, as their sources are (held_sources).
+    held = [(path, fd) for path in kept_paths(plan) if (fd := _open_path(path)) is not None]
     for mount in held_sources([*plan["mounts"], *etc]):
         apply_mount(mount)
-    try:
-        # After the mounts: a workingDir inside a volume is the volume's.
-        os.chdir(plan["working_dir"])
-    except FileNotFoundError:
-        if working_dir_before is None:
-            raise
-        # The agent's default one, hidden by the volume over /tmp: bound back at
-        # its path, which the command's children chdir to by name
-        # (multiprocessing's spawn does), as an empty chain of folders there.
-        os.makedirs(plan["working_dir"], exist_ok=True)
-        _mount(f"/proc/self/fd/{working_dir_before}", plan["working_dir"], None, MS_BIND, None)
-        os.chdir(plan["working_dir"])
+    keep_visible(held)
+    # After the mounts: a workingDir inside a volume is the volume's; the
+    # command's children chdir to it by name (multiprocessing's spawn does).
+    os.chdir(plan["working_dir"])
     try:
         child = subprocess.Popen(plan["argv"], env=plan["env"])
     except OSError as error:

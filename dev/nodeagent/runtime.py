@@ -31,6 +31,10 @@ from .podspec import ContainerLaunch, Mount
 log = logging.getLogger("nodeagent.runtime")
 
 PODINIT = Path(__file__).with_name("podinit.py")
+# This machine's files that stand in for a container image's: the Python
+# environment and the checkout (its packages, dev/ and tests/). A volume over
+# /tmp must not hide them when the checkout lives there (podinit.py).
+IMAGE_PATHS = sorted({sys.prefix, str(Path(__file__).resolve().parents[2])})
 PR_SET_PDEATHSIG = 1
 MESSAGE_LIMIT = 4096  # the kubelet's cap on a termination message, in bytes
 
@@ -212,6 +216,7 @@ def start_container(sandbox: PodSandbox, run: ContainerRun, cpu_throttle: float 
         run.cgroup.prepare(cpu_throttle)
     plan = asdict(run.launch)
     plan.update(
+        image_paths=IMAGE_PATHS,
         hostname=sandbox.hostname,
         etc_files={
             "hosts": str(sandbox.hosts_file),
