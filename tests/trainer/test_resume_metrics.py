@@ -24,7 +24,7 @@ pytestmark = pytest.mark.trainer
 
 NOW = "2026-01-01T00:00:00Z"
 # This gang's time blocked on saves, true from the start.
-NO_TIME_BLOCKED_YET = {"checkpointSaveSeconds": 0.0, "updateTime": NOW}
+NO_TIME_BLOCKED_YET = {"checkpointSaveSeconds": 0.0, "updateTime": NOW, "source": "Metrics"}
 
 
 def trainer(tmp_path: Path, steps: int) -> Trainer:
