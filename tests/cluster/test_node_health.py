@@ -233,11 +233,15 @@ def test_a_failed_preflight_moves_the_gang_until_max_replacements_is_spent(
     server.body = exported(
         0, phase=k.PHASE_PREFLIGHT, preflight={master: 1.0, worker0: 1.0, worker1: 0.5}
     )
+    # Until the scripted master serves gang 1's figures, a scrape may still
+    # show gang 0's: the condition names gang 1's node once it has them.
+    named = f"node {next_nodes[worker1]} reached"
     status = job_driver.wait_for(
         "the Preflight condition of gang 1",
         lambda: (
             (s := job_driver.status(namespace, "pre"))
             and condition(s, "Preflight").get("reason") == "MaxReplacementsReached"
+            and named in condition(s, "Preflight").get("message", "")
             and s
         ),
     )

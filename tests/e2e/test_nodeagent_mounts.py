@@ -78,6 +78,9 @@ def test_a_volume_over_tmp_hides_no_source_of_the_pods_other_mounts(tmp_path: Pa
         "working_dir": str(work),
         "argv": [sys.executable, "-c", probe],
         "env": {"PATH": os.environ["PATH"]},
+        # What the agent passes (runtime.start_container): the checkout and its
+        # Python environment, which a clone under /tmp would otherwise lose.
+        "image_paths": runtime.IMAGE_PATHS,
     }
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(json.dumps(plan))
