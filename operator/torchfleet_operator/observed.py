@@ -18,7 +18,6 @@ from torchfleet_operator.api import reasons as r
 from torchfleet_operator.api.constants import TRAINER_CONTAINER_NAME
 from torchfleet_operator.build.labels import NODE_RANK_LABEL, RESTART_LABEL, ROLE_LABEL
 from torchfleet_operator.build.workload import KUEUE_API
-from torchfleet_operator.status.node_health import GangHealth
 from torchfleet_trainer import contract
 
 # A termination message (with FallbackToLogsOnError: the log's tail) is cut to
@@ -555,6 +554,36 @@ class KueueView:
     # The WorkloadPriorityClass the job's label names, and its value when known.
     workload_priority_class: str | None = None
     workload_priority: int | None = None
+
+
+@dataclass(frozen=True)
+class NodeFigures:
+    """One node of the gang, as rank 0 exported it."""
+
+    node: str
+    node_rank: int | None = None
+    compute_seconds: float | None = None
+    straggler_score: float | None = None
+    preflight_ratio: float | None = None
+    preflight_passed: bool | None = None
+
+
+@dataclass(frozen=True)
+class GangHealth:
+    """What one scrape says about the gang's nodes and phase."""
+
+    nodes: tuple[NodeFigures, ...] = ()
+    phase: str | None = None  # one of contract.PHASES; None: not exported
+    phase_started: float | None = None  # Unix time the phase began
+    step_seconds: float | None = None  # this gang's mean step time
+    # This gang's restarts of its processes in place, and the last one's reason.
+    in_place_restarts: int | None = None
+    in_place_reason: str | None = None
+
+    @property
+    def window(self) -> tuple[tuple[str, float | None], ...]:
+        """What identifies one log interval's figures: they change every interval."""
+        return tuple((n.node, n.compute_seconds) for n in self.nodes)
 
 
 @dataclass(frozen=True)

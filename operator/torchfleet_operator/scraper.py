@@ -28,8 +28,7 @@ from typing import Any, Generic, TypeVar
 import aiohttp
 
 from torchfleet_operator import metrics
-from torchfleet_operator.observed import timestamp
-from torchfleet_operator.status.node_health import GangHealth
+from torchfleet_operator.observed import GangHealth, timestamp
 from torchfleet_operator.status.progress import MetricsError, scrape_from_metrics
 from torchfleet_trainer import contract
 

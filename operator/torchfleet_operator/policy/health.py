@@ -40,11 +40,10 @@ from torchfleet_operator.api import constants as c
 from torchfleet_operator.api import reasons as r
 from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
 from torchfleet_operator.build.names import MASTER_ROLE
-from torchfleet_operator.observed import ObservedPod, parse_time, timestamp
+from torchfleet_operator.observed import GangHealth, NodeFigures, ObservedPod, parse_time, timestamp
 from torchfleet_operator.planning import Pass
 from torchfleet_operator.policy import reporting
 from torchfleet_operator.policy.failure import Failure
-from torchfleet_operator.status.node_health import GangHealth, NodeFigures
 from torchfleet_trainer import contract
 
 # Figures are kept to this many decimals in the status (and compared so).

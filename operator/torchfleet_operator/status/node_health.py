@@ -7,16 +7,16 @@ per node of the gang, labelled with the node's rank and name. The text comes
 from a pod, so it is untrusted like the progress figures (status/progress.py):
 a sample with a value that is not a finite number >= 0, or a label that cannot
 be a node name, is dropped, and at most one sample per node of the largest gang
-is kept.
+is kept. What it yields (GangHealth) is an observation: observed.py holds it.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 from torchfleet_operator.api import constants as c
+from torchfleet_operator.observed import GangHealth, NodeFigures
 from torchfleet_trainer import contract
 
 COMPUTE = contract.METRIC_NODE_COMPUTE_SECONDS
@@ -32,36 +32,6 @@ PER_NODE = (COMPUTE, SCORE, PREFLIGHT_RATIO, PREFLIGHT_PASSED)
 WANTED = {*PER_NODE, PHASE, IN_PLACE_REASON}
 MAX_NODES = c.MAX_WORKERS + 1
 MAX_NODE_NAME = 253
-
-
-@dataclass(frozen=True)
-class NodeFigures:
-    """One node of the gang, as rank 0 exported it."""
-
-    node: str
-    node_rank: int | None = None
-    compute_seconds: float | None = None
-    straggler_score: float | None = None
-    preflight_ratio: float | None = None
-    preflight_passed: bool | None = None
-
-
-@dataclass(frozen=True)
-class GangHealth:
-    """What one scrape says about the gang's nodes and phase."""
-
-    nodes: tuple[NodeFigures, ...] = ()
-    phase: str | None = None  # one of contract.PHASES; None: not exported
-    phase_started: float | None = None  # Unix time the phase began
-    step_seconds: float | None = None  # this gang's mean step time
-    # This gang's restarts of its processes in place, and the last one's reason.
-    in_place_restarts: int | None = None
-    in_place_reason: str | None = None
-
-    @property
-    def window(self) -> tuple[tuple[str, float | None], ...]:
-        """What identifies one log interval's figures: they change every interval."""
-        return tuple((n.node, n.compute_seconds) for n in self.nodes)
 
 
 def health_from_samples(

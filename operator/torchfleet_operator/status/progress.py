@@ -32,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
 from torchfleet_operator.api.v1alpha1 import CheckpointStatus, ProgressStatus
-from torchfleet_operator.observed import FinalReport, parse_time, timestamp
+from torchfleet_operator.observed import FinalReport, GangHealth, parse_time, timestamp
 from torchfleet_operator.status import node_health
 from torchfleet_trainer import contract
 
@@ -156,7 +156,7 @@ def read_samples(text: str) -> tuple[dict[str, float], list[tuple[str, dict[str,
 
 def scrape_from_metrics(
     text: str, now: str
-) -> tuple[dict[str, Any] | None, int | None, node_health.GangHealth | None]:
+) -> tuple[dict[str, Any] | None, int | None, GangHealth | None]:
     """(status.progress, checkpoint step, the gang's node health) from one scrape.
 
     Raises MetricsError when the text does not parse.

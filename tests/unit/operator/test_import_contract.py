@@ -6,6 +6,11 @@ no Kubernetes client, no kopf, no HTTP client and none of the modules that
 talk to the cluster. And no module imports, however indirectly, one that
 imports it back: each name has one home and the layers have one direction.
 
+The layers are ordered, lowest first: api (with config, the settings) <
+build (what the operator wants to exist) < observed (what it saw) < status <
+planning < policy < reconcile < the shell. A module imports its own layer or
+one below it, never one above: a name two layers share lives in the lower.
+
 Every import statement counts, including those inside functions and under
 ``TYPE_CHECKING``: a cycle hidden there is still a cycle for the reader.
 """
@@ -35,6 +40,18 @@ SHELL = (
     "metrics",
     "scraper",
     "workqueue",
+)
+# The layers, lowest first; each top-level module or package of the operator is
+# in exactly one (the package's own __init__, which imports nothing, is the root).
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("api", ("", "api", "config")),
+    ("build", ("build",)),
+    ("observed", ("observed",)),
+    ("status", ("status",)),
+    ("planning", ("planning",)),
+    ("policy", ("policy",)),
+    ("reconcile", ("reconcile",)),
+    ("shell", SHELL),
 )
 
 
@@ -80,6 +97,14 @@ def _pure(module: str) -> bool:
     return _layer(module) in PURE
 
 
+def _layer_of(module: str) -> tuple[int, str]:
+    """The rank and name of the layer ``module`` belongs to."""
+    for rank, (name, members) in enumerate(LAYERS):
+        if _layer(module) in members:
+            return rank, name
+    raise AssertionError(f"{module} is in no layer: add {_layer(module)!r} to one of LAYERS")
+
+
 def test_the_walk_sees_the_package() -> None:
     # A walk that found nothing would pass every check below.
     assert "torchfleet_operator.reconcile" in MODULES
@@ -94,6 +119,28 @@ def test_the_pure_layer_imports_no_client_and_no_shell(module: str) -> None:
     shell = sorted(m for m in imported if m.startswith(PACKAGE) and _layer(m) in SHELL)
     assert not clients, f"{module} imports {clients}"
     assert not shell, f"{module} imports {shell}"
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_module_imports_a_layer_above_its_own(module: str) -> None:
+    rank, layer = _layer_of(module)
+    upward = [
+        f"{module} (layer {layer}) imports {imported} (layer {above})"
+        for imported in sorted(GRAPH[module])
+        for imported_rank, above in [_layer_of(imported)]
+        if imported_rank > rank
+    ]
+    assert not upward, "an import goes up the layers: " + "; ".join(upward)
+
+
+def test_the_layer_order_catches_an_upward_import() -> None:
+    # The check above passes vacuously if the order were read backwards.
+    assert (
+        _layer_of("torchfleet_operator.api.v1alpha1")[0]
+        < _layer_of("torchfleet_operator.policy.failure")[0]
+    )
+    assert _layer_of("torchfleet_operator.reconcile")[0] < _layer_of("torchfleet_operator.kube")[0]
+    assert "torchfleet_operator.api.reasons" in GRAPH["torchfleet_operator.policy.failure"]
 
 
 def _cycle_through(start: str) -> list[str] | None:

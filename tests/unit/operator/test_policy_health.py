@@ -9,10 +9,11 @@ import pytest
 
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.build.pods import build_pod
+from torchfleet_operator.observed import GangHealth, NodeFigures
 from torchfleet_operator.policy import health
 from torchfleet_operator.reconcile import plan
 from torchfleet_operator.status.conditions import find
-from torchfleet_operator.status.node_health import GangHealth, NodeFigures, health_from_samples
+from torchfleet_operator.status.node_health import health_from_samples
 from torchfleet_trainer import contract as k
 
 from .builders import CONFIG, a_pass, at, gang, job, observed, running_status, spec_of, stamp
