@@ -38,6 +38,7 @@ from torchfleet_operator.observed import (
 from torchfleet_operator.planning import Plan
 from torchfleet_operator.reconcile import plan
 from torchfleet_operator.scraper import ProgressPoller
+from torchfleet_operator.status import restarts
 from torchfleet_operator.status.pacing import wait_before_writing
 from torchfleet_operator.status.patch import with_removals
 from torchfleet_operator.status.progress import without_scraped
@@ -484,9 +485,7 @@ class Controller:
         previous = self._last_status.get(uid)
         self._last_status[uid] = status
         self._written_at[uid] = time.monotonic()
-        if decided.gang_restart and (previous or {}).get("restartCount") != status.get(
-            "restartCount"
-        ):
+        if decided.gang_restart and restarts.gang(previous or {}) != restarts.gang(status):
             metrics.GANG_RESTARTS.labels(reason=decided.gang_restart).inc()
             if decided.disruption:
                 metrics.DISRUPTIONS.labels(reason=decided.disruption).inc()
@@ -494,7 +493,7 @@ class Controller:
         # refused write is planned again by the next pass, and counted then.
         for reason in decided.worker_replacements:
             metrics.ELASTIC_REPLACEMENTS.labels(reason=reason).inc()
-        for reason in decided.in_place_restarts:
+        for reason in decided.in_place_reasons:
             metrics.IN_PLACE_RESTARTS.labels(reason=reason).inc()
         return True
 

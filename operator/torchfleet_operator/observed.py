@@ -577,7 +577,7 @@ class GangHealth:
     phase_started: float | None = None  # Unix time the phase began
     step_seconds: float | None = None  # this gang's mean step time
     # This gang's restarts of its processes in place, and the last one's reason.
-    in_place_restarts: int | None = None
+    restarts_in_gang: int | None = None
     in_place_reason: str | None = None
 
     @property

@@ -24,9 +24,8 @@ from torchfleet_operator.build.names import MASTER_ROLE
 from torchfleet_operator.config import OperatorConfig
 from torchfleet_operator.observed import Observed, ObservedPod, parse_time, timestamp
 from torchfleet_operator.status import conditions as cond
-from torchfleet_operator.status import goodput
+from torchfleet_operator.status import goodput, restarts
 from torchfleet_operator.status import progress as progress_status
-from torchfleet_operator.status.counts import total_restarts
 from torchfleet_trainer import contract
 
 FINISHED = (c.PHASE_SUCCEEDED, c.PHASE_FAILED)
@@ -78,7 +77,7 @@ class Plan:
     # Reasons of the elastic workers this pass replaces alone (one per pod).
     worker_replacements: list[str] = field(default_factory=list)
     # Reasons of the in-place restarts this pass learned of (one per restart).
-    in_place_restarts: list[str] = field(default_factory=list)
+    in_place_reasons: list[str] = field(default_factory=list)
 
     def wake_in(self, seconds: float | None) -> None:
         if seconds is None:
@@ -95,7 +94,7 @@ def _without(status: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
 
 def _gang_ended(old: dict[str, Any], new: dict[str, Any]) -> bool:
     """This pass ends the gang: a restart, or a running gang suspended or evicted."""
-    if int(new.get("restartCount") or 0) > int(old.get("restartCount") or 0):
+    if restarts.gang(new) > restarts.gang(old):
         return True
     stopped = (c.PHASE_PENDING, c.PHASE_SUSPENDED, c.PHASE_RESTARTING)
     return old.get("phase") == c.PHASE_RUNNING and new.get("phase") in stopped
@@ -187,7 +186,7 @@ class Pass:
     def finalize(self) -> Plan:
         if self.generation is not None:
             self.status["observedGeneration"] = self.generation
-        self.status["restarts"] = total_restarts(self.status)
+        restarts.record_total(self.status)
         self._account()
         self._lifecycle_events()
         self.plan.status = self.status
@@ -214,7 +213,7 @@ class Pass:
     def _resumed_message(self) -> str | None:
         """What a gang that runs after an earlier one ended starts from; None for
         the first gang of a job that has no checkpoint yet."""
-        gang = int(self.status.get("restartCount") or 0)
+        gang = restarts.gang(self.status)
         step = (self.status.get("lastCheckpoint") or {}).get("step")
         if isinstance(step, int) and not isinstance(step, bool):
             return f"gang {gang} is running; it resumes from the checkpoint of step {step}"
@@ -277,7 +276,7 @@ class Pass:
         if scraped != self.status.get("progress"):  # not this gang's, or not accepted
             return None
         health = self.observed.health
-        round_ = (health.in_place_restarts if health is not None else None) or 0
+        round_ = (health.restarts_in_gang if health is not None else None) or 0
         started = None
         if health is not None and health.phase == contract.PHASE_TRAIN:
             started = _unix_time(health.phase_started)
@@ -286,7 +285,7 @@ class Pass:
     def _ended_master_runs(self) -> bool:
         """A master of a gang that ended still runs: preempted, its trainer saves
         in the grace period, and that save is the step the next gang resumes from."""
-        restart = int(self.status.get("restartCount") or 0)
+        restart = restarts.gang(self.status)
         gang_runs = self.status.get("phase") == c.PHASE_RUNNING
         ended = [p for p in self.observed.pods if p.restart < restart or not gang_runs]
         return any(pod.role == MASTER_ROLE and not pod.finished for pod in ended)

@@ -53,6 +53,7 @@ from torchfleet_operator.policy import (
     success,
     suspend,
 )
+from torchfleet_operator.status import restarts
 
 
 def validation_problem(body: dict[str, Any]) -> tuple[TrainingJob | None, str | None]:
@@ -101,8 +102,7 @@ def plan(
 
 def _active(step: Pass, spec: TrainingJobSpec) -> Plan:
     pods = list(step.observed.pods)
-    restart = max([int(step.status.get("restartCount") or 0), *(p.restart for p in pods)])
-    step.status["restartCount"] = restart
+    restart = restarts.adopt_gang(step.status, max((p.restart for p in pods), default=0))
     current = [p for p in pods if p.restart == restart]
     stale = [p for p in pods if p.restart < restart]
     # An elastic job resized while it runs: the workers past its size leave.
@@ -163,7 +163,7 @@ def _next_gang(
     placement: dict[str, admission.PodSetInfo],
 ) -> Plan:
     """No failure: clear the old gang away, then create what this one misses."""
-    restart = int(step.status["restartCount"])
+    restart = restarts.gang(step.status)
     # The old generation must be gone before its names are reused.
     step.delete_pods(stale)
     elastic.resize(step, desired, surplus)

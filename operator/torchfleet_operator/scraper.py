@@ -194,4 +194,4 @@ def _health_figures(health: GangHealth | None) -> tuple[Any, ...]:
     """A new log interval's node figures, or a new phase, is worth a pass."""
     if health is None:
         return ()
-    return (health.window, health.phase, health.phase_started, health.in_place_restarts)
+    return (health.window, health.phase, health.phase_started, health.restarts_in_gang)

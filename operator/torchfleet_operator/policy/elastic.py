@@ -27,6 +27,7 @@ from torchfleet_operator.build import names
 from torchfleet_operator.observed import ObservedPod
 from torchfleet_operator.planning import Pass
 from torchfleet_operator.policy.failure import Failure
+from torchfleet_operator.status import restarts
 from torchfleet_operator.status.counts import running
 
 
@@ -115,13 +116,13 @@ def replace_lost_workers(
         names.master_pod_name(step.name),
         gang,
         still_replacing(_str_map(shown.get("replacing")), gang),
-        _count_of(shown.get("replacements")),
-        _count_of(shown.get("countedReplacements")),
+        restarts.count_of(shown.get("replacements")),
+        restarts.count_of(shown.get("countedReplacements")),
     )
     step.status["elastic"] = _elastic_status(spec, gang, decided)
     limit = spec.elastic.max_restarts
     counted = [f for f in decided.new if not f.disruption]
-    if decided.counted > limit and counted:
+    if restarts.limit_reached(decided.counted, limit) and counted:
         before = decided.counted - len(counted)
         step.finish(
             c.PHASE_FAILED,
@@ -156,10 +157,6 @@ def _str_map(value: Any) -> dict[str, str]:
     if not isinstance(value, dict):
         return {}
     return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
-
-
-def _count_of(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def resize(step: Pass, spec: TrainingJobSpec, surplus_pods: list[ObservedPod]) -> None:

@@ -41,6 +41,7 @@ from torchfleet_operator.build.pods import pod_name_for_rank
 from torchfleet_operator.observed import ObservedPod, parse_time
 from torchfleet_operator.planning import ChildRef, Pass, Plan
 from torchfleet_operator.policy import finish, kept_logs
+from torchfleet_operator.status import restarts
 from torchfleet_trainer import contract
 
 # Exit codes from 128 up mean "killed by signal (code - 128)": 137 = SIGKILL
@@ -183,7 +184,7 @@ def _gang_was_complete(step: Pass, restart: int) -> bool:
     """True once this generation was seen fully running: a missing pod now means lost."""
     return (
         step.old_status.get("phase") == c.PHASE_RUNNING
-        and int(step.old_status.get("restartCount") or 0) == restart
+        and restarts.gang(step.old_status) == restart
     )
 
 
@@ -273,17 +274,17 @@ def on_failure(
             f"{first.describe()}; not retryable under restartPolicy {policy.restart_policy}",
         )
         return finish.finished(step, spec)
-    disruptions = int(step.status.get("disruptions") or 0)
-    counted = counted_restarts(step.status, restart)
-    if not first.disruption and counted >= policy.backoff_limit:
+    counted = restarts.counted(step.status)
+    if not first.disruption and restarts.limit_reached(counted + 1, policy.backoff_limit):
         step.finish(
             c.PHASE_FAILED,
             r.REASON_BACKOFF_LIMIT_EXCEEDED,
-            f"{first.describe()}; backoffLimit {policy.backoff_limit} reached "
-            f"after {counted} counted restarts ({disruptions} disruptions not counted)",
+            f"{first.describe()}; backoffLimit {policy.backoff_limit} reached after "
+            f"{counted} counted restarts ({restarts.disruptions(step.status)} disruptions "
+            "not counted)",
         )
         return finish.finished(step, spec)
-    _restart(step, gang, restart, first, counted, disruptions, policy.backoff_limit)
+    _restart(step, gang, restart, first, policy.backoff_limit)
     return step.finalize()
 
 
@@ -294,7 +295,7 @@ def _with_kept_logs(
     exited (a pod taken before its program ran has nothing to read)."""
     if first.node_rank is None or first.exit_code is None:
         return first
-    round_ = kept_logs.in_place_round(status, restart)
+    round_ = restarts.in_place_in_gang(status)
     if first.exit_code == contract.EXIT_COLLECTIVE_FAILED:
         # Its ranks lost a peer: the rank that failed is another pod's, not yet reported.
         return replace(first, logs=kept_logs.round_logs(spec, restart, round_))
@@ -306,20 +307,16 @@ def _restart(
     gang: list[ObservedPod],
     restart: int,
     first: Failure,
-    counted: int,
-    disruptions: int,
     backoff_limit: int,
 ) -> None:
     """Restarts the whole gang: bump the generation, delete every pod of this one."""
+    counted = restarts.count_failure(step.status, disruption=first.disruption)
     if first.disruption:
-        step.status["disruptions"] = disruptions + 1
         step.plan.disruption = first.reason
         counted_text = "a disruption, not counted toward backoffLimit"
     else:
-        counted_text = f"{counted + 1} of backoffLimit {backoff_limit}"
-        counted += 1
-    step.status["countedRestarts"] = counted
-    step.status["restartCount"] = restart + 1
+        counted_text = f"{counted} of backoffLimit {backoff_limit}"
+    restarts.next_gang(step.status)
     step.set_phase(c.PHASE_RESTARTING)
     # A fresh transition time: the back-off of this restart counts from now.
     step.status["conditions"] = [
@@ -337,19 +334,6 @@ def _restart(
     step.delete_pods(gang)
     step.plan.gang_restart = first.reason
     step.plan.wake_in(_backoff(step, restart))
-
-
-def counted_restarts(status: dict[str, Any], restart: int) -> int:
-    """Restarts that count toward backoffLimit (the program's own failures).
-
-    Stored once known; a status written before the field existed derives it:
-    every restart that was not a disruption. A Kueue eviction is a disruption
-    that restarts nothing, so the derivation is clamped at 0.
-    """
-    stored = status.get("countedRestarts")
-    if isinstance(stored, int) and not isinstance(stored, bool) and stored >= 0:
-        return stored
-    return max(0, restart - int(status.get("disruptions") or 0))
 
 
 def _backoff(step: Pass, restarts_before: int) -> float:

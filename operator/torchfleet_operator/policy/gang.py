@@ -20,6 +20,7 @@ from torchfleet_operator.observed import ObservedPod
 from torchfleet_operator.planning import Pass
 from torchfleet_operator.policy import elastic
 from torchfleet_operator.status import podgroup as podgroup_status
+from torchfleet_operator.status import restarts
 from torchfleet_operator.status.counts import running
 
 
@@ -111,7 +112,7 @@ def _phase_from_gang(
             r.CONDITION_CREATED,
             True,
             r.REASON_GANG_CREATED,
-            f"all {nodes} pods of gang {step.status['restartCount']} exist",
+            f"all {nodes} pods of gang {restarts.gang(step.status)} exist",
         )
     _scheduling(step, gang)
     if spec.elastic is not None:
@@ -142,7 +143,7 @@ def _phase_from_gang(
         step.clear_condition(
             r.CONDITION_RESTARTING,
             r.REASON_GANG_RUNNING,
-            f"gang {step.status['restartCount']} is running",
+            f"gang {restarts.gang(step.status)} is running",
         )
     elif step.phase != c.PHASE_RESTARTING or not step.is_true(r.CONDITION_RESTARTING):
         step.set_phase(c.PHASE_PENDING)

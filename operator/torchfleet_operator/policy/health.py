@@ -44,6 +44,8 @@ from torchfleet_operator.observed import GangHealth, NodeFigures, ObservedPod, p
 from torchfleet_operator.planning import Pass
 from torchfleet_operator.policy import reporting
 from torchfleet_operator.policy.failure import Failure
+from torchfleet_operator.status.restarts import count_of, limit_reached
+from torchfleet_operator.status.restarts import gang as gang_generation
 from torchfleet_trainer import contract
 
 # Figures are kept to this many decimals in the status (and compared so).
@@ -63,7 +65,7 @@ NOT_TRAINING = (
 def judge(step: Pass, spec: TrainingJobSpec, gang: list[ObservedPod]) -> list[Failure]:
     """Records the running gang's node health and its conditions; returns the
     failures that restart it (Replace, Restart), none under Report."""
-    restart = int(step.status.get("restartCount") or 0)
+    restart = gang_generation(step.status)
     health = _for_gang(step, restart)
     running = step.old_status.get("phase") == c.PHASE_RUNNING
     latest = step.observed.health if running else None
@@ -216,8 +218,7 @@ def _stragglers(
 
 def _replacements(health: dict[str, Any]) -> int:
     """status.health.replacements, as a count (the status is read back from the API)."""
-    count = health.get("replacements")
-    return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 0
+    return count_of(health.get("replacements"))
 
 
 def _replacing(
@@ -229,7 +230,7 @@ def _replacing(
     if policy.action != "Replace":
         return False, reason, message
     done = _replacements(health)
-    if done >= policy.max_replacements:
+    if limit_reached(done + 1, policy.max_replacements):
         return (
             False,
             r.REASON_MAX_REPLACEMENTS_REACHED,

@@ -12,7 +12,8 @@ failure policy restarts the gang as before.
 
 ``status.inPlaceRestarts`` persists what was seen (the total over every gang,
 the current gang's count), so an operator restart neither loses nor counts one
-twice; ``status.restarts`` adds them to ``restartCount`` for ``kubectl get``.
+twice; ``status.restarts`` adds them to ``restartCount`` for ``kubectl get``
+(the accounting is status/restarts.py's).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from torchfleet_operator.api import reasons as r
 from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
 from torchfleet_operator.observed import ObservedPod
 from torchfleet_operator.planning import Pass
-from torchfleet_operator.policy import failure, kept_logs, reporting
+from torchfleet_operator.policy import kept_logs, reporting
+from torchfleet_operator.status import restarts
 
 
 def record(
@@ -33,39 +35,25 @@ def record(
     """Counts the in-place restarts the current ``gang`` reports; True when they
     passed backoffLimit and ``may_fail`` (the pass then fails the job; a gang
     that succeeded meanwhile is not failed for a count that came late)."""
-    restart = int(step.status.get("restartCount") or 0)
-    shown = step.status.get("inPlaceRestarts")
-    shown = dict(shown) if isinstance(shown, dict) else {}
-    if shown.get("gang") != restart:  # a new gang's launchers count from 0
-        shown |= {"gang": restart, "inGang": 0}
+    restart = restarts.gang(step.status)
     reported, reason = _reported(step, gang)
-    seen = int(shown.get("inGang") or 0)
-    if reported is None or reported <= seen:
-        if shown.get("total"):
-            step.status["inPlaceRestarts"] = shown
+    added = restarts.count_in_place(step.status, reported or 0, reason, step.stamp)
+    if not added:
         return False
-    added = reported - seen
-    shown |= {
-        "total": int(shown.get("total") or 0) + added,
-        "inGang": reported,
-        "lastTime": step.stamp,
-        **({"lastReason": reason} if reason else {}),
-    }
-    step.status["inPlaceRestarts"] = shown
-    counted = failure.counted_restarts(step.status, restart) + added
-    step.status["countedRestarts"] = counted
+    counted = restarts.counted(step.status)
+    in_gang = restarts.in_place_in_gang(step.status)  # what was reported
     limit = spec.run_policy.backoff_limit
-    logs = kept_logs.round_logs(spec, restart, reported - 1)
+    logs = kept_logs.round_logs(spec, restart, in_gang - 1)
     message = (
-        f"the gang's processes restarted in place ({reported} of runPolicy.inPlaceRestarts "
+        f"the gang's processes restarted in place ({in_gang} of runPolicy.inPlaceRestarts "
         f"{spec.in_place_restarts} in gang {restart}; {counted} counted restarts "
         f"of backoffLimit {limit})"
         + (f": {reason}" if reason else "")
         + (f"; {logs}" if logs else "")
     )
     step.event("Warning", r.EVENT_IN_PLACE_RESTART, message)
-    step.plan.in_place_restarts += [reason or "unknown"] * added
-    if counted <= limit or not may_fail:
+    step.plan.in_place_reasons += [reason or "unknown"] * added
+    if not restarts.limit_reached(counted, limit) or not may_fail:
         return False
     step.finish(c.PHASE_FAILED, r.REASON_BACKOFF_LIMIT_EXCEEDED, message)
     return True
@@ -79,11 +67,11 @@ def _reported(step: Pass, gang: Iterable[ObservedPod]) -> tuple[int | None, str 
     health = step.observed.health
     if (
         health is not None
-        and health.in_place_restarts is not None
+        and health.restarts_in_gang is not None
         and step.old_status.get("phase") == c.PHASE_RUNNING
         and reporting.scrape_is_shown(step)
     ):
-        said.append((health.in_place_restarts, health.in_place_reason))
+        said.append((health.restarts_in_gang, health.in_place_reason))
     if not said:
         return None, None
     return max(said, key=lambda summary: summary[0])

@@ -17,12 +17,13 @@ from torchfleet_operator.api import reasons as r
 from torchfleet_operator.planning import FINISHED, Pass, Plan
 from torchfleet_operator.policy import suspend, ttl
 from torchfleet_operator.status import conditions as cond
+from torchfleet_operator.status import restarts
 from torchfleet_operator.status.counts import replica_statuses
 
 
 def _had_gang(step: Pass) -> bool:
     status = step.status
-    return bool(step.observed.pods or status.get("startTime") or status.get("restartCount"))
+    return bool(step.observed.pods or status.get("startTime") or restarts.gang(status))
 
 
 def not_understood(step: Pass, raw_spec: dict[str, Any], problem: str) -> Plan:
@@ -44,7 +45,7 @@ def not_understood(step: Pass, raw_spec: dict[str, Any], problem: str) -> Plan:
         return step.finalize()
     if raw_spec.get("suspend") is True:
         return suspend.suspend(step, list(step.observed.pods))
-    restart = int(step.status.get("restartCount") or 0)
+    restart = restarts.gang(step.status)
     gang = [p for p in step.observed.pods if p.restart == restart]
     step.status["replicaStatuses"] = replica_statuses(gang)
     return step.finalize()

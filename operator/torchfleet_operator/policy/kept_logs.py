@@ -49,15 +49,6 @@ def _as_int(value: Any) -> int | None:
         return None
 
 
-def in_place_round(status: dict[str, Any], restart: int) -> int:
-    """The in-place round gang ``restart`` is in (0 before any in-place restart)."""
-    shown = status.get("inPlaceRestarts")
-    if not isinstance(shown, dict) or shown.get("gang") != restart:
-        return 0
-    rounds = shown.get("inGang")
-    return rounds if isinstance(rounds, int) and not isinstance(rounds, bool) and rounds > 0 else 0
-
-
 def pod_logs(spec: TrainingJobSpec, restart: int, round_: int, node_rank: int) -> str | None:
     """Where the ranks of the pod at ``node_rank`` kept their output, as a phrase."""
     root = logs_root(spec)

@@ -24,6 +24,7 @@ from torchfleet_operator.build.labels import NODE_RANK_LABEL, ROLE_LABEL
 from torchfleet_operator.observed import KueueView, ObservedPod, ObservedWorkload
 from torchfleet_operator.planning import Pass, WorkloadPatch
 from torchfleet_operator.policy import admission
+from torchfleet_operator.status import restarts
 
 
 def gate(
@@ -221,7 +222,7 @@ def _evicted(
     message = f"evicted by Kueue: {evicted.get('message') or reason}"
     running = [p for p in live if not p.finished]
     if running and not step.is_true(r.WORKLOAD_EVICTED):
-        step.status["disruptions"] = int(step.status.get("disruptions") or 0) + 1
+        restarts.count_failure(step.status, disruption=True)
     step.set_condition(r.WORKLOAD_EVICTED, True, reason, message)
     step.clear_condition(r.CONDITION_RUNNING, reason, message)
     step.set_condition(r.CONDITION_CREATED, False, reason, message)

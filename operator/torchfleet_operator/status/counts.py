@@ -38,11 +38,3 @@ def running(gang: Iterable[ObservedPod]) -> list[ObservedPod]:
     """The gang's pods that run (under AllWorkers a pod that already exited 0
     still counts as part of a running gang)."""
     return [p for p in gang if p.phase in ("Running", "Succeeded") and not p.deleting]
-
-
-def total_restarts(status: dict[str, Any]) -> int:
-    """restartCount plus every in-place restart (policy/in_place.py): kubectl's Restarts."""
-    in_place = status.get("inPlaceRestarts")
-    total = in_place.get("total") if isinstance(in_place, dict) else 0
-    restarts = status.get("restartCount")
-    return (restarts if isinstance(restarts, int) else 0) + (total if isinstance(total, int) else 0)

@@ -38,7 +38,7 @@ def health_from_samples(
     samples: list[tuple[str, dict[str, str], float]],
     phase_started: float | None,
     step_seconds: float | None,
-    in_place_restarts: float | None = None,
+    restarts_in_gang: float | None = None,
 ) -> GangHealth | None:
     """The gang's health from the labelled samples of a scrape; None when it has none."""
     nodes: dict[str, dict[str, Any]] = {}
@@ -61,7 +61,7 @@ def health_from_samples(
         if rank.isdigit() and len(rank) < 7:
             figures["node_rank"] = int(rank)
         _set_figure(figures, name, value)
-    restarts = _count(in_place_restarts)
+    restarts = _count(restarts_in_gang)
     if not nodes and phase is None and restarts is None:
         return None
     ordered = sorted(

@@ -91,21 +91,6 @@ def test_the_pods_kept_logs(spec, restart, round_, rank, phrase):
     assert kept_logs.pod_logs(spec_of(**spec), restart, round_, rank) == phrase
 
 
-@pytest.mark.parametrize(
-    ("status", "restart", "round_"),
-    [
-        ({}, 0, 0),
-        ({"inPlaceRestarts": {"total": 3, "gang": 1, "inGang": 2}}, 1, 2),
-        ({"inPlaceRestarts": {"total": 3, "gang": 0, "inGang": 2}}, 1, 0),  # an older gang's
-        ({"inPlaceRestarts": {"gang": 1, "inGang": "2"}}, 1, 0),  # hostile: not a number
-        ({"inPlaceRestarts": {"gang": 1, "inGang": True}}, 1, 0),
-        ({"inPlaceRestarts": "x"}, 1, 0),
-    ],
-)
-def test_the_in_place_round_a_gang_is_in(status, restart, round_):
-    assert kept_logs.in_place_round(status, restart) == round_
-
-
 def test_a_rounds_folder_is_named_while_any_role_keeps_its_logs():
     for spec, named in (({"worker": keeping("0")}, True), ({}, True)):
         assert (kept_logs.round_logs(spec_of(checkpoint=CKPT, **spec), 0, 0) is not None) == named

@@ -22,7 +22,7 @@ POLICY = {"inPlaceRestarts": 3, "backoffLimit": 2}
 def passed(reported: int | None, status: dict[str, Any], restart: int = 0) -> Any:
     """One pass over a running gang whose master reports ``reported`` in-place restarts."""
     progress = {"step": 40, "updateTime": stamp(10)}
-    health = GangHealth(in_place_restarts=reported, in_place_reason="worker_killed")
+    health = GangHealth(restarts_in_gang=reported, in_place_reason="worker_killed")
     seen = observed(*gang("llm", 3, restart), health=health, progress=progress)
     body = job(status=running_status(restart, progress=progress, **status), runPolicy=POLICY)
     return plan(body, seen, at(10), CONFIG)
@@ -46,7 +46,7 @@ def test_each_in_place_restart_counts_once(reported, before, total, counted):
     assert int(decided.status.get("countedRestarts") or 0) == counted
     assert decided.status["restarts"] == (total or 0)  # restartCount 0 + in place
     new = (total or 0) - (before.get("inPlaceRestarts") or {}).get("total", 0)
-    assert decided.in_place_restarts == ["worker_killed"] * new
+    assert decided.in_place_reasons == ["worker_killed"] * new
     assert [e.reason for e in decided.events if e.reason == "InPlaceRestart"] == ["InPlaceRestart"][
         :new
     ]
@@ -173,7 +173,7 @@ def new_round_pass(account: dict[str, Any], **status: Any) -> Any:
     health = GangHealth(
         phase=contract.PHASE_TRAIN,
         phase_started=at(120).timestamp(),
-        in_place_restarts=1,
+        restarts_in_gang=1,
         in_place_reason="worker_killed",
     )
     seen = observed(*gang("llm", 3), health=health, progress={"step": 31, "updateTime": stamp(130)})
@@ -209,7 +209,7 @@ def test_a_round_is_settled_once_whichever_pass_shows_it_first():
     """The next pass (or a restarted operator's) sees round 1 again: nothing moves."""
     first = new_round_pass(account_counting_round_0())
     again = dict(first.status)
-    health = GangHealth(phase=contract.PHASE_TRAIN, in_place_restarts=1)
+    health = GangHealth(phase=contract.PHASE_TRAIN, restarts_in_gang=1)
     progress = {"step": 35, "updateTime": stamp(135)}
     seen = observed(*gang("llm", 3), health=health, progress=progress)
     second = plan(job(status=again, runPolicy=POLICY), seen, at(135), CONFIG)
@@ -230,7 +230,7 @@ def test_an_account_from_before_rounds_were_counted_adopts_the_round_shown():
 
 
 def test_a_new_round_without_a_train_phase_start_counts_until_the_pass():
-    hostile = GangHealth(phase=contract.PHASE_TRAIN, phase_started=1e300, in_place_restarts=1)
+    hostile = GangHealth(phase=contract.PHASE_TRAIN, phase_started=1e300, restarts_in_gang=1)
     old_status = running_status(
         progress={"step": 40, "updateTime": stamp(100)}, timeAccounting=account_counting_round_0()
     )
