@@ -4,11 +4,14 @@ and what a plan creates and deletes."""
 from __future__ import annotations
 
 import copy
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from pydantic import ValidationError
+
 from torchfleet_operator.api.parse import parse_training_job
-from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
+from torchfleet_operator.api.v1alpha1 import TrainingJobSpec, TrainingJobStatus
 from torchfleet_operator.build.pods import pod_name_for_rank
 from torchfleet_operator.config import OperatorConfig
 from torchfleet_operator.observed import Observed, ObservedPod
@@ -108,3 +111,19 @@ def literal_env(pod: dict[str, Any]) -> dict[str, str]:
     """The trainer container's env set by value (a valueFrom entry is the
     downward API's, resolved only on the node)."""
     return {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"] if "value" in e}
+
+
+def status_wire_problem(status: dict[str, Any]) -> str | None:
+    """What keeps ``status`` from being exactly what the typed status model reads
+    and writes back (its keys and values, as JSON); None when nothing does."""
+    wire = json.loads(json.dumps(status))
+    try:
+        model = TrainingJobStatus.model_validate(wire)
+    except ValidationError as exc:
+        return f"the status model refuses: {exc}"
+    back = model.model_dump(mode="json", by_alias=True, exclude_unset=True, exclude_none=True)
+    changed = sorted(k for k in wire.keys() | back.keys() if wire.get(k) != back.get(k))
+    if changed:
+        shown = "; ".join(f"{k}: {wire.get(k)!r} reads back as {back.get(k)!r}" for k in changed)
+        return f"the status model changes: {shown}"
+    return None
