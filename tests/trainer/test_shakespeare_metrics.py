@@ -1,17 +1,24 @@
 """A short char-level Shakespeare run learns, and /metrics serves while it runs.
 
 The config arrives as JSON in the env var the operator sets; metrics use port 0
-and the trainer logs the port it bound.
+and the trainer logs the port it bound. The scrape is taken between the async
+save at step 50 and the next at 100: the trainer holds itself once it has
+logged step 90 (tests/e2e/hold's barrier, its /metrics thread serving on) until
+the test has scraped. Unheld, a fast machine reached the save at 100, or the
+end, before the scrape.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from tests.fixtures.e2e import HOLD_CODE, Hold
+from tests.fixtures.poll import wait_for
 from tests.trainer.cli_process import TrainerProcess
 from torchfleet_trainer import contract
 
@@ -21,6 +28,8 @@ STEPS = 150
 # Untrained: ln(65) = 4.17. Character unigram statistics alone give ~3.3; a
 # small GPT at this budget reaches ~2.4, so 2.6 shows it learned context.
 VAL_LOSS_THRESHOLD = 2.6
+# After the async save at step 50 and before the next at 100 (a log step).
+SCRAPE_AT_STEP = 90
 SERIES = [
     "torchfleet_train_step",
     "torchfleet_train_total_steps",
@@ -65,19 +74,30 @@ def test_char_shakespeare_learns_and_serves_metrics(tmp_path: Path, shakespeare_
         # Peak given so that MFU is reported on CPU too.
         "metrics": {"port": 0, "peakTflops": 1.0},
     }
-    trainer = TrainerProcess([], {contract.TRAIN_CONFIG: json.dumps(config)})
-    port = trainer.wait_for(lambda e: e["event"] == "metrics", timeout=120)["port"]
-    # After the async save at step 50 and before the next at 100.
-    trainer.wait_for(lambda e: e["event"] == "step" and e["step"] >= 90, timeout=240)
+    hold = Hold(tmp_path / "hold", 0)
+    path = [str(HOLD_CODE), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {
+        contract.TRAIN_CONFIG: json.dumps(config),
+        "PYTHONPATH": ":".join(path),
+        "E2E_HOLD_AT": f"step:{SCRAPE_AT_STEP}",
+        "E2E_HOLD_DIR": str(hold.folder),
+    }
+    trainer = TrainerProcess([], env)
+    try:
+        port = trainer.wait_for(lambda e: e["event"] == "metrics", timeout=120)["port"]
+        held = wait_for(f"the trainer held at step {SCRAPE_AT_STEP}", hold.held, timeout=240)
+        assert held["step"] == SCRAPE_AT_STEP, held
+        samples = scrape(port)
+    finally:
+        hold.release()
 
-    samples = scrape(port)
     for series in SERIES:
         assert any(name.split("{")[0] == series for name in samples), f"{series} missing"
-    assert samples["torchfleet_train_step"] >= 90
+    assert samples["torchfleet_train_step"] == SCRAPE_AT_STEP
     assert samples["torchfleet_train_total_steps"] == STEPS
     assert 0 < samples["torchfleet_train_loss"] < 4.5
-    assert samples["torchfleet_train_step_seconds_count"] >= 90
-    assert samples["torchfleet_checkpoint_save_seconds_count"] >= 1
+    assert samples["torchfleet_train_step_seconds_count"] == SCRAPE_AT_STEP
+    assert samples["torchfleet_checkpoint_save_seconds_count"] == 1
     assert samples["torchfleet_checkpoint_step"] == 50
     assert samples["torchfleet_train_mfu_ratio"] > 0
 
