@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from torchfleet_operator import metrics
+from torchfleet_operator.api.parse import read_status
 from torchfleet_operator.build.names import checkpoint_claim_name
 from torchfleet_operator.build.workload import KUEUE_API, WORKLOAD_CRD, workload_priority_class
 from torchfleet_operator.config import OperatorConfig
@@ -485,7 +486,9 @@ class Controller:
         previous = self._last_status.get(uid)
         self._last_status[uid] = status
         self._written_at[uid] = time.monotonic()
-        if decided.gang_restart and restarts.gang(previous or {}) != restarts.gang(status):
+        if decided.gang_restart and restarts.gang(read_status(previous)) != restarts.gang(
+            read_status(status)
+        ):
             metrics.GANG_RESTARTS.labels(reason=decided.gang_restart).inc()
             if decided.disruption:
                 metrics.DISRUPTIONS.labels(reason=decided.disruption).inc()

@@ -18,8 +18,18 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import BaseModel
+
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.api import reasons as r
+from torchfleet_operator.api.parse import read_status, status_wire, wire
+from torchfleet_operator.api.v1alpha1 import (
+    Condition,
+    JobPhase,
+    ProgressStatus,
+    TimeAccounting,
+    TrainingJobStatus,
+)
 from torchfleet_operator.build.names import MASTER_ROLE
 from torchfleet_operator.config import OperatorConfig
 from torchfleet_operator.observed import Observed, ObservedPod, parse_time, timestamp
@@ -88,20 +98,28 @@ class Plan:
         )
 
 
-def _without(status: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
-    return {key: value for key, value in status.items() if key not in keys}
+def find_condition(status: TrainingJobStatus, type_: str) -> Condition | None:
+    return next((x for x in status.conditions or () if x.type == type_), None)
 
 
-def _gang_ended(old: dict[str, Any], new: dict[str, Any]) -> bool:
+def _without_accounting(status: TrainingJobStatus) -> dict[str, Any]:
+    return {k: v for k, v in status_wire(status).items() if k not in ACCOUNTING_KEYS}
+
+
+def _gang_ended(old: TrainingJobStatus, new: TrainingJobStatus) -> bool:
     """This pass ends the gang: a restart, or a running gang suspended or evicted."""
     if restarts.gang(new) > restarts.gang(old):
         return True
     stopped = (c.PHASE_PENDING, c.PHASE_SUSPENDED, c.PHASE_RESTARTING)
-    return old.get("phase") == c.PHASE_RUNNING and new.get("phase") in stopped
+    return old.phase == c.PHASE_RUNNING and new.phase in stopped
 
 
 class Pass:
-    """The state of one planning pass; the policies write their decisions into it."""
+    """The state of one planning pass; the policies write their decisions into it.
+
+    The stored status is read once, into the typed model (``old_status``, as
+    stored; ``status``, what this pass decides), and written once, by
+    ``finalize``, as ``plan.status``."""
 
     def __init__(
         self,
@@ -119,54 +137,69 @@ class Pass:
         self.labels: dict[str, str] = dict(meta.get("labels") or {})
         created = meta.get("creationTimestamp")
         self.created = parse_time(created)
-        self.old_status = status
-        self.status: dict[str, Any] = dict(status)
+        self.old_status = read_status(status)
+        self.status = self.old_status.model_copy(deep=True)
         self.observed = observed
         self.now = now
         self.stamp = timestamp(now)
+        # Now as a status holds it: whole seconds, UTC.
+        self.stamp_time = datetime.fromisoformat(self.stamp)
         self.config = config
         self.plan = Plan()
 
     # ---- status ----
 
     @property
-    def phase(self) -> str | None:
-        phase = self.status.get("phase")
-        return phase if isinstance(phase, str) else None
+    def phase(self) -> JobPhase | None:
+        return self.status.phase
 
-    def set_phase(self, phase: str) -> None:
+    def set_phase(self, phase: JobPhase) -> None:
         """The one place a pass changes the job's phase."""
-        self.status["phase"] = phase
+        self.status.phase = phase
 
-    def condition(self, type_: str) -> dict[str, Any] | None:
-        return cond.find(self.status.get("conditions"), type_)
+    def condition(self, type_: str) -> Condition | None:
+        return find_condition(self.status, type_)
 
     def is_true(self, type_: str) -> bool:
-        return cond.is_true(self.status.get("conditions"), type_)
+        found = self.condition(type_)
+        return found is not None and found.status == "True"
+
+    def wire_conditions(self) -> cond.Conditions:
+        """The conditions as the plain data status/conditions.py computes on."""
+        return [wire(x) for x in self.status.conditions or ()]
+
+    def set_wire_conditions(self, conditions: cond.Conditions) -> None:
+        self.status.conditions = [Condition.model_validate(x) for x in conditions]
 
     def set_condition(self, type_: str, value: bool, reason: str, message: str) -> None:
-        self.status["conditions"] = cond.set_condition(
-            self.status.get("conditions"), type_, value, reason, message, self.stamp
+        self.set_wire_conditions(
+            cond.set_condition(self.wire_conditions(), type_, value, reason, message, self.stamp)
         )
 
     def clear_condition(self, type_: str, reason: str, message: str) -> None:
         """``type_`` False (when it was True), with what is true now."""
-        self.status["conditions"] = cond.clear(
-            self.status.get("conditions"), type_, reason, message, self.stamp
+        self.set_wire_conditions(
+            cond.clear(self.wire_conditions(), type_, reason, message, self.stamp)
         )
 
-    def finish(self, phase: str, reason: str, message: str) -> None:
+    def drop_condition(self, type_: str) -> None:
+        """``type_`` gone, so that setting it again starts a fresh transition time."""
+        self.status.conditions = [x for x in self.status.conditions or () if x.type != type_]
+
+    def finish(self, phase: JobPhase, reason: str, message: str) -> None:
         self.set_phase(phase)
-        self.status.setdefault("completionTime", self.stamp)
+        if self.status.completion_time is None:
+            self.status.completion_time = self.stamp_time
         self.set_condition(phase, True, reason, message)
         for other in (r.CONDITION_RUNNING, r.CONDITION_RESTARTING):
             self.clear_condition(other, reason, f"the job {phase}: {message}")
 
     def previous_size(self) -> int | None:
         """The desired size the last written status recorded (elastic jobs)."""
-        shown = self.old_status.get("elastic")
-        size = shown.get("desiredNodes") if isinstance(shown, dict) else None
-        return size if isinstance(size, int) and not isinstance(size, bool) else None
+        shown = self.old_status.elastic
+        if shown is None or "desired_nodes" not in shown.model_fields_set:
+            return None
+        return shown.desired_nodes
 
     # ---- children and events ----
 
@@ -184,24 +217,24 @@ class Pass:
     # ---- closing the pass ----
 
     def finalize(self) -> Plan:
-        if self.generation is not None:
-            self.status["observedGeneration"] = self.generation
+        if isinstance(self.generation, int) and self.generation >= 0:
+            self.status.observed_generation = self.generation
         restarts.record_total(self.status)
         self._account()
         self._lifecycle_events()
-        self.plan.status = self.status
+        self.plan.status = status_wire(self.status)
         return self.plan
 
     def _lifecycle_events(self) -> None:
         """One event per transition users look for: each phase change, each gang
         restart (even one while the job was already Restarting), and a gang
         that runs again after an earlier one ended (from which checkpoint)."""
-        old_phase = self.old_status.get("phase")
+        old_phase = self.old_status.phase
         new_phase = self.phase
         if self.plan.gang_restart:
             # Reason: the failure's own (PodFailed, NodeLost, ...); message: which restart.
-            restarting = self.condition(r.CONDITION_RESTARTING) or {}
-            message = restarting.get("message") or "the gang restarts"
+            restarting = self.condition(r.CONDITION_RESTARTING)
+            message = (restarting.message if restarting else None) or "the gang restarts"
             self.event("Warning", self.plan.gang_restart, message)
         elif new_phase != old_phase and new_phase:
             self.plan.events.append(self._phase_event(new_phase))
@@ -214,8 +247,8 @@ class Pass:
         """What a gang that runs after an earlier one ended starts from; None for
         the first gang of a job that has no checkpoint yet."""
         gang = restarts.gang(self.status)
-        step = (self.status.get("lastCheckpoint") or {}).get("step")
-        if isinstance(step, int) and not isinstance(step, bool):
+        step = self.status.last_checkpoint.step if self.status.last_checkpoint else None
+        if step is not None:
             return f"gang {gang} is running; it resumes from the checkpoint of step {step}"
         if gang > 0:
             return (
@@ -228,11 +261,10 @@ class Pass:
         and advances the time accounting (status/goodput.py)."""
         old, new = self.old_status, self.status
         ended = _gang_ended(old, new)
-        ending = ended or goodput.ending(old.get(TIME_ACCOUNTING))
-        holding = ending and new.get("phase") not in FINISHED and self._ended_master_runs()
-        progress = new.get("progress") if isinstance(new.get("progress"), dict) else None
-        checkpoint = (new.get("lastCheckpoint") or {}).get("step")
-        checkpoint = checkpoint if isinstance(checkpoint, int) else None
+        ending = ended or goodput.ending(_wire_or_none(old.time_accounting))
+        holding = ending and new.phase not in FINISHED and self._ended_master_runs()
+        progress = _wire_or_none(new.progress)
+        checkpoint = new.last_checkpoint.step if new.last_checkpoint is not None else None
         if ending:
             # The next gang resumes from the newest save: show that step once
             # the old master (which may still save) is gone, not the old gang's
@@ -241,14 +273,11 @@ class Pass:
                 shown = progress_status.held(progress, self.stamp) if ended else progress
             else:
                 shown = progress_status.resumed(progress, checkpoint, self.stamp)
-            if shown is None:
-                new.pop("progress", None)
-            else:
-                new["progress"] = shown
+            new.progress = None if shown is None else ProgressStatus.model_validate(shown)
         accounted = goodput.account(
-            old.get(TIME_ACCOUNTING),
-            phase_before=old.get("phase"),
-            phase_now=new.get("phase"),
+            _wire_or_none(old.time_accounting),
+            phase_before=old.phase,
+            phase_now=new.phase,
             gang_ended=ending and not holding,
             holding=holding,
             shown=None if ending else self._shown_round(),
@@ -256,16 +285,12 @@ class Pass:
             checkpoint_step=checkpoint,
             now=self.now,
             created=self.created,
-            status_changed=_without(new, ACCOUNTING_KEYS) != _without(old, ACCOUNTING_KEYS),
+            status_changed=_without_accounting(new) != _without_accounting(old),
         )
         if accounted is None:
             return
-        new[TIME_ACCOUNTING] = accounted
-        fraction = goodput.goodput(accounted)
-        if fraction is None:
-            new.pop("goodput", None)
-        else:
-            new["goodput"] = fraction
+        new.time_accounting = TimeAccounting.model_validate(accounted)
+        new.goodput = goodput.goodput(accounted)
 
     def _shown_round(self) -> goodput.ShownRound | None:
         """The scrape status.progress shows after this pass, with the in-place
@@ -273,7 +298,8 @@ class Pass:
         scraped = self.observed.progress
         if self.phase != c.PHASE_RUNNING or not isinstance(scraped, dict):
             return None
-        if scraped != self.status.get("progress"):  # not this gang's, or not accepted
+        shown = self.status.progress
+        if shown is None or scraped != wire(shown):  # not this gang's, or not accepted
             return None
         health = self.observed.health
         round_ = (health.restarts_in_gang if health is not None else None) or 0
@@ -286,16 +312,20 @@ class Pass:
         """A master of a gang that ended still runs: preempted, its trainer saves
         in the grace period, and that save is the step the next gang resumes from."""
         restart = restarts.gang(self.status)
-        gang_runs = self.status.get("phase") == c.PHASE_RUNNING
+        gang_runs = self.status.phase == c.PHASE_RUNNING
         ended = [p for p in self.observed.pods if p.restart < restart or not gang_runs]
         return any(pod.role == MASTER_ROLE and not pod.finished for pod in ended)
 
     def _phase_event(self, phase: str) -> EventSpec:
         found = self.condition(phase)
-        message = (found or {}).get("message") or f"TrainingJob is {phase}"
-        reason = (found or {}).get("reason") or phase
+        message = (found.message if found else None) or f"TrainingJob is {phase}"
+        reason = (found.reason if found else None) or phase
         warning = phase in (c.PHASE_FAILED, c.PHASE_RESTARTING)
         return EventSpec("Warning" if warning else "Normal", reason, message)
+
+
+def _wire_or_none(model: BaseModel | None) -> dict[str, Any] | None:
+    return wire(model) if model is not None else None
 
 
 def _unix_time(seconds: float | None) -> datetime | None:

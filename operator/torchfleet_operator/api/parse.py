@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from torchfleet_operator.api.base import RuleViolation
 from torchfleet_operator.api.podspec import PodSpecViolation
-from torchfleet_operator.api.v1alpha1 import TrainingJob, TrainingJobSpec
+from torchfleet_operator.api.v1alpha1 import TrainingJob, TrainingJobSpec, TrainingJobStatus
 
 
 class InvalidSpecError(ValueError):
@@ -78,3 +79,30 @@ def parse_spec(raw: Mapping[str, Any]) -> TrainingJobSpec:
 def to_manifest(job: TrainingJob) -> dict[str, Any]:
     """The job as plain JSON-ready data with camelCase keys, unset fields left out."""
     return job.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def read_status(raw: Any) -> TrainingJobStatus:
+    """A stored status as the typed model. Read, not trusted: a field the model
+    refuses (written by hand, or by an operator that knew it otherwise) is left
+    out, as if it was never written, and the rest is kept. Strictly, as JSON: a
+    count is a JSON integer (not a bool, not a string of digits)."""
+    status = _plain(raw) if isinstance(raw, Mapping) else {}
+    for _ in range(len(status) + 1):
+        try:
+            return TrainingJobStatus.model_validate_json(json.dumps(status), strict=True)
+        except ValidationError as error:
+            refused = {item["loc"][0] for item in error.errors() if item["loc"]}
+            status = {key: value for key, value in status.items() if key not in refused}
+    return TrainingJobStatus()
+
+
+def wire(model: BaseModel) -> dict[str, Any]:
+    """A status model as the API server stores it: camelCase, JSON values, only
+    the fields that were read or written (a default never written stays
+    unwritten) and none that is null."""
+    return model.model_dump(mode="json", by_alias=True, exclude_unset=True, exclude_none=True)
+
+
+def status_wire(status: TrainingJobStatus) -> dict[str, Any]:
+    """The whole status, as the one write of a pass sends it."""
+    return wire(status)

@@ -1275,12 +1275,13 @@ class InPlaceRestartsStatus(StatusModel):
     last_time: datetime | None = Field(None, description="When the operator saw it.")
 
 
+JobPhase = Literal["Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
+
+
 class TrainingJobStatus(StatusModel):
     """What the operator observed; written only by the operator."""
 
-    phase: (
-        Literal["Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed"] | None
-    ) = Field(
+    phase: JobPhase | None = Field(
         None,
         description="Pending, Running, Restarting, Suspended, Succeeded or Failed.",
     )

@@ -7,7 +7,6 @@ from datetime import datetime
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.api import reasons as r
 from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
-from torchfleet_operator.observed import parse_time
 from torchfleet_operator.planning import Pass
 
 
@@ -24,15 +23,15 @@ def start_clock(step: Pass) -> None:
     """startTime: the first unsuspended pass, and again at each resume (as the Job
     controller and PyTorchJob do), so activeDeadlineSeconds counts time allowed
     to run, including time spent unscheduled, but not time spent suspended."""
-    if not step.status.get("startTime") or step.old_status.get("phase") == c.PHASE_SUSPENDED:
-        step.status["startTime"] = step.stamp
+    if step.status.start_time is None or step.old_status.phase == c.PHASE_SUSPENDED:
+        step.status.start_time = step.stamp_time
 
 
 def exceeded(step: Pass, spec: TrainingJobSpec) -> bool:
     """Fails the job once it ran past activeDeadlineSeconds (True), else wakes
     the pass when it will have."""
     limit = spec.run_policy.active_deadline_seconds
-    left = seconds_left(parse_time(step.status.get("startTime")), limit, step.now)
+    left = seconds_left(step.status.start_time, limit, step.now)
     if left is not None and left <= 0:
         step.finish(
             c.PHASE_FAILED,

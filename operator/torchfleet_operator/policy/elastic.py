@@ -22,7 +22,7 @@ from typing import Any
 
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.api import reasons as r
-from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
+from torchfleet_operator.api.v1alpha1 import ElasticStatus, TrainingJobSpec
 from torchfleet_operator.build import names
 from torchfleet_operator.observed import ObservedPod
 from torchfleet_operator.planning import Pass
@@ -109,17 +109,16 @@ def replace_lost_workers(
     returns the failures left for the gang (the master's, or not retryable). Past
     elastic.maxRestarts counted replacements the job fails."""
     assert spec.elastic is not None
-    shown = step.status.get("elastic")
-    shown = shown if isinstance(shown, dict) else {}
+    shown = step.status.elastic or ElasticStatus()
     decided = replace_workers(
         failures,
         names.master_pod_name(step.name),
         gang,
-        still_replacing(_str_map(shown.get("replacing")), gang),
-        restarts.count_of(shown.get("replacements")),
-        restarts.count_of(shown.get("countedReplacements")),
+        still_replacing(shown.replacing or {}, gang),
+        shown.replacements,
+        shown.counted_replacements,
     )
-    step.status["elastic"] = _elastic_status(spec, gang, decided)
+    step.status.elastic = ElasticStatus.model_validate(_elastic_status(spec, gang, decided))
     limit = spec.elastic.max_restarts
     counted = [f for f in decided.new if not f.disruption]
     if restarts.limit_reached(decided.counted, limit) and counted:
@@ -150,13 +149,6 @@ def _elastic_status(
     if decided.replacing:
         status["replacing"] = decided.replacing
     return status
-
-
-def _str_map(value: Any) -> dict[str, str]:
-    """A status map read without trusting it: only string keys and values."""
-    if not isinstance(value, dict):
-        return {}
-    return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 def resize(step: Pass, spec: TrainingJobSpec, surplus_pods: list[ObservedPod]) -> None:

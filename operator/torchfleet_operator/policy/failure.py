@@ -32,13 +32,12 @@ import math
 from collections.abc import Collection
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any
 
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.api import reasons as r
-from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
+from torchfleet_operator.api.v1alpha1 import TrainingJobSpec, TrainingJobStatus
 from torchfleet_operator.build.pods import pod_name_for_rank
-from torchfleet_operator.observed import ObservedPod, parse_time
+from torchfleet_operator.observed import ObservedPod
 from torchfleet_operator.planning import ChildRef, Pass, Plan
 from torchfleet_operator.policy import finish, kept_logs
 from torchfleet_operator.status import restarts
@@ -182,10 +181,7 @@ def _lost_pods(step: Pass, spec: TrainingJobSpec, gang: list[ObservedPod]) -> li
 
 def _gang_was_complete(step: Pass, restart: int) -> bool:
     """True once this generation was seen fully running: a missing pod now means lost."""
-    return (
-        step.old_status.get("phase") == c.PHASE_RUNNING
-        and restarts.gang(step.old_status) == restart
-    )
+    return step.old_status.phase == c.PHASE_RUNNING and restarts.gang(step.old_status) == restart
 
 
 def _stuck_failure(step: Pass, pod: ObservedPod, found: list[Failure]) -> None:
@@ -280,7 +276,7 @@ def on_failure(
             c.PHASE_FAILED,
             r.REASON_BACKOFF_LIMIT_EXCEEDED,
             f"{first.describe()}; backoffLimit {policy.backoff_limit} reached after "
-            f"{counted} counted restarts ({restarts.disruptions(step.status)} disruptions "
+            f"{counted} counted restarts ({step.status.disruptions} disruptions "
             "not counted)",
         )
         return finish.finished(step, spec)
@@ -289,7 +285,7 @@ def on_failure(
 
 
 def _with_kept_logs(
-    first: Failure, spec: TrainingJobSpec, status: dict[str, Any], restart: int
+    first: Failure, spec: TrainingJobSpec, status: TrainingJobStatus, restart: int
 ) -> Failure:
     """``first`` naming where its pod's ranks kept their output, when a program
     exited (a pod taken before its program ran has nothing to read)."""
@@ -319,9 +315,7 @@ def _restart(
     restarts.next_gang(step.status)
     step.set_phase(c.PHASE_RESTARTING)
     # A fresh transition time: the back-off of this restart counts from now.
-    step.status["conditions"] = [
-        x for x in step.status.get("conditions") or () if x.get("type") != r.CONDITION_RESTARTING
-    ]
+    step.drop_condition(r.CONDITION_RESTARTING)
     step.set_condition(
         r.CONDITION_RESTARTING,
         True,
@@ -347,9 +341,9 @@ def _backoff(step: Pass, restarts_before: int) -> float:
 def in_restart_backoff(step: Pass, restart: int) -> bool:
     """While Restarting, gang ``restart`` starts only after the back-off."""
     restarting = step.condition(r.CONDITION_RESTARTING)
-    if restart == 0 or not restarting or restarting.get("status") != "True":
+    if restart == 0 or not restarting or restarting.status != "True":
         return False
-    since = parse_time(restarting.get("lastTransitionTime"))
+    since = restarting.last_transition_time
     if since is None:
         return False
     left = _backoff(step, restart - 1) - (step.now - since).total_seconds()

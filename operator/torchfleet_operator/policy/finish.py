@@ -19,8 +19,9 @@ from torchfleet_operator.policy import clean_pod, kueue, ttl
 def finished(step: Pass, spec: TrainingJobSpec) -> Plan:
     """Succeeded or Failed: clean the pods, then the TTL."""
     kueue.mark_finished(step, spec)
-    failed = step.condition(c.PHASE_FAILED) or {}
-    holds_nothing = step.phase == c.PHASE_FAILED and failed.get("reason") in r.HOLDS_NOTHING
+    failed = step.condition(c.PHASE_FAILED)
+    reason = failed.reason if failed is not None else None
+    holds_nothing = step.phase == c.PHASE_FAILED and reason in r.HOLDS_NOTHING
     policy = "All" if holds_nothing else spec.run_policy.clean_pod_policy
     cleaned = clean_pod.pods_to_clean(policy, step.observed.pods)
     cleaned += [p for p in step.observed.pods if p.sidecars_running and p not in cleaned]

@@ -41,8 +41,8 @@ def create_missing(
         plan_create.append(pvc.checkpoint_claim(step.name, step.namespace, step.uid, template))
     # Pods the apiserver refused a moment ago wait for their back-off.
     skip = {p.name for p in gang} | observed.expected_created | observed.held
-    health = step.status.get("health")
-    avoid = (health.get("avoidedNodes") if isinstance(health, dict) else None) or ()
+    health = step.status.health
+    avoid = (health.avoided_nodes if health is not None else None) or ()
     pods = [
         build_pod(step.name, step.namespace, step.uid, spec, rank, restart, image, shm_size, avoid)
         for rank in range(spec.nodes)
@@ -91,14 +91,17 @@ def observe(step: Pass, spec: TrainingJobSpec, gang: list[ObservedPod], desired:
     the gang; ``desired`` is the spec's size, more than ``spec.nodes`` when
     Kueue admitted an elastic job partially."""
     _phase_from_gang(step, spec, gang, desired)
-    step.status = podgroup_status.mirror(
-        step.status,
+    given = {"conditions": step.wire_conditions()}
+    mirrored = podgroup_status.mirror(
+        given,
         spec.scheduling.pod_group,
         gang,
         podgroup.min_members(spec),
         step.observed.pod_group,
         step.stamp,
     )
+    if mirrored is not given:  # the GangScheduled condition was decided
+        step.set_wire_conditions(mirrored["conditions"])
 
 
 def _phase_from_gang(

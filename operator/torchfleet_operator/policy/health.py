@@ -38,7 +38,8 @@ from typing import Any
 
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.api import reasons as r
-from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
+from torchfleet_operator.api.parse import wire
+from torchfleet_operator.api.v1alpha1 import HealthStatus, TrainingJobSpec
 from torchfleet_operator.build.names import MASTER_ROLE
 from torchfleet_operator.observed import GangHealth, NodeFigures, ObservedPod, parse_time, timestamp
 from torchfleet_operator.planning import Pass
@@ -67,7 +68,7 @@ def judge(step: Pass, spec: TrainingJobSpec, gang: list[ObservedPod]) -> list[Fa
     failures that restart it (Replace, Restart), none under Report."""
     restart = gang_generation(step.status)
     health = _for_gang(step, restart)
-    running = step.old_status.get("phase") == c.PHASE_RUNNING
+    running = step.old_status.phase == c.PHASE_RUNNING
     latest = step.observed.health if running else None
     found: list[Failure] = []
     # Figures count only from the scrape status.progress shows (this gang's, and
@@ -81,8 +82,9 @@ def judge(step: Pass, spec: TrainingJobSpec, gang: list[ObservedPod]) -> list[Fa
         found += _stall(step, spec, health, latest, gang)
     if found and found[0].reason in REPLACE_REASONS:
         health["replacements"] = _replacements(health) + 1  # one restart, however many nodes
-    if set(health) != {"gang"} or "health" in step.status:
-        step.status["health"] = health  # none for a job that never reported any
+    if set(health) != {"gang"} or step.status.health is not None:
+        # None for a job that never reported any.
+        step.status.health = HealthStatus.model_validate(health)
     return found[:1]  # one restart; the first reason names it
 
 
@@ -90,8 +92,9 @@ def _warn(step: Pass, type_: str, bad: bool, reason: str, message: str) -> None:
     """Sets the condition to its bad status (True, or False for Preflight), with a
     Warning event when it turns so or its reason changes: one per finding, not
     one per pass."""
-    shown = step.condition(type_) or {}
-    newly = (shown.get("status"), shown.get("reason")) != ("True" if bad else "False", reason)
+    shown = step.condition(type_)
+    was = (shown.status, shown.reason) if shown is not None else (None, None)
+    newly = was != ("True" if bad else "False", reason)
     step.set_condition(type_, bad, reason, message)
     if newly:
         step.event("Warning", reason, message)
@@ -103,8 +106,7 @@ def _warn(step: Pass, type_: str, bad: bool, reason: str, message: str) -> None:
 def _for_gang(step: Pass, restart: int) -> dict[str, Any]:
     """status.health for gang ``restart``: the avoided nodes always carry over;
     the figures and the step clock are the gang's own."""
-    shown = step.status.get("health")
-    shown = dict(shown) if isinstance(shown, dict) else {}
+    shown = wire(step.status.health) if step.status.health is not None else {}
     if shown.get("gang") == restart:
         return shown
     kept: dict[str, Any] = {"gang": restart}
@@ -332,13 +334,13 @@ def _stall(
     scraped: GangHealth | None,
     gang: list[ObservedPod],
 ) -> list[Failure]:
-    progress = step.status.get("progress")
-    number = progress.get("step") if isinstance(progress, dict) else None
-    if not isinstance(number, int) or isinstance(number, bool):
+    progress = step.status.progress
+    if progress is None or "step" not in progress.model_fields_set:
         return []
+    number = progress.step
     seen = health.get("stepSeen")
     if not isinstance(seen, dict) or seen.get("step") != number:
-        since = parse_time(progress.get("updateTime")) or step.now  # type: ignore[union-attr]
+        since = progress.update_time or step.now
         health["stepSeen"] = {"step": number, "since": timestamp(min(since, step.now))}
         step.clear_condition(
             r.CONDITION_STALLED, r.REASON_STEP_MOVING, f"the step moved on to {number}"

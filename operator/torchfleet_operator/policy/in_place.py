@@ -37,7 +37,7 @@ def record(
     that succeeded meanwhile is not failed for a count that came late)."""
     restart = restarts.gang(step.status)
     reported, reason = _reported(step, gang)
-    added = restarts.count_in_place(step.status, reported or 0, reason, step.stamp)
+    added = restarts.count_in_place(step.status, reported or 0, reason, step.stamp_time)
     if not added:
         return False
     counted = restarts.counted(step.status)
@@ -68,7 +68,7 @@ def _reported(step: Pass, gang: Iterable[ObservedPod]) -> tuple[int | None, str 
     if (
         health is not None
         and health.restarts_in_gang is not None
-        and step.old_status.get("phase") == c.PHASE_RUNNING
+        and step.old_status.phase == c.PHASE_RUNNING
         and reporting.scrape_is_shown(step)
     ):
         said.append((health.restarts_in_gang, health.in_place_reason))

@@ -14,16 +14,16 @@ from typing import Any
 
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.api import reasons as r
-from torchfleet_operator.planning import FINISHED, Pass, Plan
+from torchfleet_operator.api.v1alpha1 import ReplicaStatuses
+from torchfleet_operator.planning import FINISHED, Pass, Plan, find_condition
 from torchfleet_operator.policy import suspend, ttl
-from torchfleet_operator.status import conditions as cond
 from torchfleet_operator.status import restarts
 from torchfleet_operator.status.counts import replica_statuses
 
 
 def _had_gang(step: Pass) -> bool:
     status = step.status
-    return bool(step.observed.pods or status.get("startTime") or restarts.gang(status))
+    return bool(step.observed.pods or status.start_time or restarts.gang(status))
 
 
 def not_understood(step: Pass, raw_spec: dict[str, Any], problem: str) -> Plan:
@@ -37,8 +37,8 @@ def not_understood(step: Pass, raw_spec: dict[str, Any], problem: str) -> Plan:
     phase = step.phase
     if phase not in FINISHED and not _had_gang(step) and raw_spec.get("suspend") is not True:
         return invalid(step, problem)
-    failed = step.condition(c.PHASE_FAILED) or {}
-    if failed.get("reason") != r.REASON_INVALID_SPEC:  # that one already says it
+    failed = step.condition(c.PHASE_FAILED)
+    if failed is None or failed.reason != r.REASON_INVALID_SPEC:  # that one already says it
         _report_not_understood(step, problem)
     if phase in FINISHED:
         ttl.expire(step, ttl.raw_ttl(raw_spec))
@@ -47,7 +47,7 @@ def not_understood(step: Pass, raw_spec: dict[str, Any], problem: str) -> Plan:
         return suspend.suspend(step, list(step.observed.pods))
     restart = restarts.gang(step.status)
     gang = [p for p in step.observed.pods if p.restart == restart]
-    step.status["replicaStatuses"] = replica_statuses(gang)
+    step.status.replica_statuses = ReplicaStatuses.model_validate(replica_statuses(gang))
     return step.finalize()
 
 
@@ -64,8 +64,8 @@ def _report_not_understood(step: Pass, problem: str) -> None:
         f"the stored spec does not parse under this operator ({problem}); the job "
         f"keeps its pods and phase, and nothing is created or restarted until it parses"
     )
-    old = cond.find(step.old_status.get("conditions"), r.CONDITION_SPEC_NOT_UNDERSTOOD)
-    if not old or old.get("status") != "True" or old.get("message") != message:
+    old = find_condition(step.old_status, r.CONDITION_SPEC_NOT_UNDERSTOOD)
+    if old is None or old.status != "True" or old.message != message:
         step.event("Warning", r.EVENT_SPEC_NOT_UNDERSTOOD, message)
     step.set_condition(r.CONDITION_SPEC_NOT_UNDERSTOOD, True, r.REASON_PARSE_ERROR, message)
 
@@ -84,11 +84,11 @@ def fail_if_pods_refused(step: Pass) -> bool:
     same way however often it is retried. Only for the generation it was
     refused for: a template fixed since gets its own try.
     """
-    found = step.condition(r.CONDITION_CHILDREN) or {}
-    if found.get("status") != "True" or found.get("reason") != r.REASON_POD_INVALID:
+    found = step.condition(r.CONDITION_CHILDREN)
+    if found is None or found.status != "True" or found.reason != r.REASON_POD_INVALID:
         return False
-    if step.old_status.get("observedGeneration") != step.generation:
+    if step.old_status.observed_generation != step.generation:
         return False
-    message = f"the API server refused the pod template: {found.get('message')}"
+    message = f"the API server refused the pod template: {found.message}"
     step.finish(c.PHASE_FAILED, r.REASON_INVALID_SPEC, message)
     return True

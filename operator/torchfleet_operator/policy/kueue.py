@@ -274,14 +274,14 @@ def mark_finished(step: Pass, spec: TrainingJobSpec) -> None:
     if workload is None or workload.finished or workload.deleting:
         return
     phase = step.phase
-    found = step.condition(str(phase)) or {}
+    found = step.condition(str(phase))
     step.plan.workload_patches.append(
         WorkloadPatch(
             workload.name,
             admission.mark_finished(
                 workload,
                 phase == c.PHASE_SUCCEEDED,
-                str(found.get("message") or f"the TrainingJob {phase}"),
+                (found.message if found else None) or f"the TrainingJob {phase}",
                 step.stamp,
             ),
             admission.FINISHED_FIELD_MANAGER,

@@ -6,10 +6,13 @@ final report in their place. Pure: the scrape and the report arrive parsed
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
+from typing import Any
 
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.api import reasons as r
+from torchfleet_operator.api.parse import wire
+from torchfleet_operator.api.v1alpha1 import CheckpointStatus, ProgressStatus, ReplicaStatuses
 from torchfleet_operator.build.names import MASTER_ROLE
 from torchfleet_operator.observed import ObservedPod, parse_time, timestamp
 from torchfleet_operator.planning import Pass
@@ -18,23 +21,24 @@ from torchfleet_operator.status.counts import nodes_ready, replica_statuses
 
 
 def count(step: Pass, gang: list[ObservedPod], nodes: int) -> None:
-    step.status["replicaStatuses"] = replica_statuses(gang)
-    step.status["nodesReady"] = nodes_ready(gang, nodes)
+    step.status.replica_statuses = ReplicaStatuses.model_validate(replica_statuses(gang))
+    step.status.nodes_ready = nodes_ready(gang, nodes)
 
 
 def record_progress(step: Pass) -> None:
     """The latest scrape into status.progress, unless it is the old gang's."""
     observed = step.observed
-    shown = step.status.get("progress")
-    shown = shown if isinstance(shown, dict) else None
-    running = step.condition(r.CONDITION_RUNNING) or {}
-    since = running.get("lastTransitionTime") if running.get("status") == "True" else None
+    shown = _progress(step)
+    running = step.condition(r.CONDITION_RUNNING)
+    since = None
+    if running is not None and running.status == "True" and running.last_transition_time:
+        since = timestamp(running.last_transition_time)
     if (
         observed.progress is not None
-        and step.old_status.get("phase") == c.PHASE_RUNNING  # only a running gang is scraped
+        and step.old_status.phase == c.PHASE_RUNNING  # only a running gang is scraped
     ):
         if progress_status.is_current(observed.progress, shown, since):
-            step.status["progress"] = observed.progress
+            step.status.progress = ProgressStatus.model_validate(observed.progress)
         elif progress_status.waits_for_a_later_second(observed.progress, shown, step.now):
             step.plan.wake_in(1.0)  # by then the poller holds a scrape a second newer
     record_checkpoint(step)
@@ -48,9 +52,9 @@ def record_checkpoint(step: Pass) -> None:
     Only a report newer than the one shown replaces it: the old gang's last
     scrape, which the poller still holds, never takes back a later save."""
     observed = step.observed
-    shown = step.status.get("lastCheckpoint")
-    shown = shown if isinstance(shown, dict) else {}
-    shown_at = parse_time(shown.get("time"))
+    shown = step.status.last_checkpoint
+    shown_step = shown.step if shown is not None else None
+    shown_at = shown.time if shown is not None else None
     reports: list[tuple[datetime, int]] = []
     if observed.checkpoint_step is not None:
         scraped = parse_time((observed.progress or {}).get("updateTime"))
@@ -59,10 +63,9 @@ def record_checkpoint(step: Pass) -> None:
         reports.append((observed.saved_checkpoint.time, observed.saved_checkpoint.step))
     for when, number in sorted(reports):  # the newest last: it wins
         when = min(when.replace(microsecond=0), step.now)  # a pod's clock is not ours
-        if number != shown.get("step") and (shown_at is None or when > shown_at):
-            shown = {"step": number, "time": timestamp(when)}
-            shown_at = when
-            step.status["lastCheckpoint"] = shown
+        if number != shown_step and (shown_at is None or when > shown_at):
+            shown_step, shown_at = number, when
+            step.status.last_checkpoint = CheckpointStatus(step=number, time=when.astimezone(UTC))
 
 
 def final_progress(step: Pass, gang: list[ObservedPod]) -> None:
@@ -77,21 +80,20 @@ def final_progress(step: Pass, gang: list[ObservedPod]) -> None:
     if report is None:
         progress_complete(step)
         return
-    shown = step.status.get("progress")
-    step.status["progress"] = progress_status.final(
-        report, shown if isinstance(shown, dict) else None, step.now
-    )
+    final = progress_status.final(report, _progress(step), step.now)
+    step.status.progress = ProgressStatus.model_validate(final)
 
 
 def progress_complete(step: Pass) -> None:
     """torchfleet-train exits 0 only after its last step (preempted, it exits
     143), so its success means every step ran, even when the last scrape of
     the master's /metrics came a few steps before the end."""
-    progress = step.status.get("progress")
-    if not progress or not progress.get("totalSteps"):
+    progress = step.status.progress
+    if progress is None or not progress.total_steps:
         return
-    done = {k: v for k, v in progress.items() if k != "etaSeconds"}
-    step.status["progress"] = done | {"step": progress["totalSteps"], "percent": 100}
+    done = progress.model_copy(update={"step": progress.total_steps, "percent": 100})
+    done.eta_seconds = None
+    step.status.progress = done
 
 
 def scrape_is_shown(step: Pass) -> bool:
@@ -99,4 +101,9 @@ def scrape_is_shown(step: Pass) -> bool:
     by record_progress. Whole, not by its time: two scrapes a second apart may
     carry the same stamp."""
     scraped = step.observed.progress
-    return isinstance(scraped, dict) and scraped == step.status.get("progress")
+    return isinstance(scraped, dict) and scraped == _progress(step)
+
+
+def _progress(step: Pass) -> dict[str, Any] | None:
+    """status.progress as the plain data status/progress.py computes on."""
+    return wire(step.status.progress) if step.status.progress is not None else None

@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from torchfleet_operator.observed import parse_time
 from torchfleet_operator.planning import Pass
 
 
@@ -18,7 +17,7 @@ def seconds_left(finished: datetime | None, ttl_seconds: int | None, now: dateti
 
 def expire(step: Pass, ttl_seconds: int | None) -> None:
     """Deletes the finished job once its TTL is over, else wakes the pass then."""
-    left = seconds_left(parse_time(step.status.get("completionTime")), ttl_seconds, step.now)
+    left = seconds_left(step.status.completion_time, ttl_seconds, step.now)
     if left is not None and left <= 0:
         step.plan.delete_job = True
     else:

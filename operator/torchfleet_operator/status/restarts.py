@@ -14,19 +14,17 @@ them by the same rule, ``limit_reached``.
 Every status field this module names is written here and nowhere else:
 ``restartCount`` (the gang's generation, also on its pods' restart label),
 ``countedRestarts``, ``disruptions``, ``inPlaceRestarts`` and ``restarts``.
-The status is read back from the API server, so each reader clamps: a count
-that is not a whole number >= 0 reads as 0.
+The status arrives typed (api/parse.py ``read_status`` leaves out a field the
+model refuses), so every count here is a whole number >= 0; ``count_of``
+clamps the counts that policies still keep in plain data.
 """
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
-RESTART_COUNT = "restartCount"
-COUNTED_RESTARTS = "countedRestarts"
-DISRUPTIONS = "disruptions"
-IN_PLACE_RESTARTS = "inPlaceRestarts"
-RESTARTS = "restarts"
+from torchfleet_operator.api.v1alpha1 import InPlaceRestartsStatus, TrainingJobStatus
 
 
 def count_of(raw: Any) -> int:
@@ -43,47 +41,40 @@ def limit_reached(counted: int, limit: int) -> bool:
 # ---- the gang's generation ----
 
 
-def gang(status: dict[str, Any]) -> int:
+def gang(status: TrainingJobStatus) -> int:
     """The current gang's generation (``restartCount``): gang restarts so far."""
-    return count_of(status.get(RESTART_COUNT))
+    return status.restart_count
 
 
-def adopt_gang(status: dict[str, Any], seen: int) -> int:
+def adopt_gang(status: TrainingJobStatus, seen: int) -> int:
     """The generation is at least ``seen``, the newest a pod carries (a status
     write lost before its pods were created); returns it."""
-    current = max(gang(status), seen)
-    status[RESTART_COUNT] = current
-    return current
+    status.restart_count = max(gang(status), seen)
+    return status.restart_count
 
 
-def next_gang(status: dict[str, Any]) -> int:
+def next_gang(status: TrainingJobStatus) -> int:
     """Starts the next gang (a gang restart); returns its generation."""
-    status[RESTART_COUNT] = gang(status) + 1
-    return gang(status)
+    status.restart_count = gang(status) + 1
+    return status.restart_count
 
 
 # ---- failures counted toward backoffLimit, and disruptions ----
 
 
-def disruptions(status: dict[str, Any]) -> int:
-    """Times something other than the program stopped the gang."""
-    return count_of(status.get(DISRUPTIONS))
-
-
-def counted(status: dict[str, Any]) -> int:
+def counted(status: TrainingJobStatus) -> int:
     """Failures counted toward backoffLimit (the program's own).
 
     Stored once known; a status written before the field existed derives it:
     every gang restart that was not a disruption. A Kueue eviction is a
     disruption that restarts nothing, so the derivation is clamped at 0.
     """
-    stored = status.get(COUNTED_RESTARTS)
-    if isinstance(stored, int) and not isinstance(stored, bool) and stored >= 0:
-        return stored
-    return max(0, gang(status) - disruptions(status))
+    if status.counted_restarts is not None:
+        return status.counted_restarts
+    return max(0, gang(status) - status.disruptions)
 
 
-def count_failure(status: dict[str, Any], *, disruption: bool, failures: int = 1) -> int:
+def count_failure(status: TrainingJobStatus, *, disruption: bool, failures: int = 1) -> int:
     """Records ``failures`` restarts for one cause: a disruption's apart, the
     program's toward backoffLimit. Returns the counted restarts after them.
 
@@ -91,55 +82,54 @@ def count_failure(status: dict[str, Any], *, disruption: bool, failures: int = 1
     that a status that derived it (``counted``) keeps what it had."""
     after = counted(status) + (0 if disruption else failures)
     if disruption:
-        status[DISRUPTIONS] = disruptions(status) + failures
-    status[COUNTED_RESTARTS] = after
+        status.disruptions += failures
+    status.counted_restarts = after
     return after
 
 
 # ---- restarts in place ----
 
 
-def in_place_in_gang(status: dict[str, Any]) -> int:
+def in_place_in_gang(status: TrainingJobStatus) -> int:
     """The current gang's in-place restarts (its launchers' round; 0 before any)."""
-    shown = status.get(IN_PLACE_RESTARTS)
-    if not isinstance(shown, dict) or shown.get("gang") != gang(status):
+    shown = status.in_place_restarts
+    if shown is None or shown.gang != gang(status):
         return 0
-    return count_of(shown.get("inGang"))
+    return shown.in_gang
 
 
-def in_place_total(status: dict[str, Any]) -> int:
+def in_place_total(status: TrainingJobStatus) -> int:
     """In-place restarts over every gang so far."""
-    shown = status.get(IN_PLACE_RESTARTS)
-    return count_of(shown.get("total")) if isinstance(shown, dict) else 0
+    return status.in_place_restarts.total if status.in_place_restarts is not None else 0
 
 
-def count_in_place(status: dict[str, Any], reported: int, reason: str | None, stamp: str) -> int:
+def count_in_place(
+    status: TrainingJobStatus, reported: int, reason: str | None, now: datetime
+) -> int:
     """Records that the current gang's launchers report ``reported`` restarts in
     place (the last for ``reason``); returns how many of them are new, each
     counted toward backoffLimit. A count seen before is not counted again,
     whatever an operator restart or a late report repeats."""
-    shown = status.get(IN_PLACE_RESTARTS)
-    shown = dict(shown) if isinstance(shown, dict) else {}
-    if shown.get("gang") != gang(status):  # a new gang's launchers count from 0
-        shown |= {"gang": gang(status), "inGang": 0}
-    added = max(0, reported - count_of(shown.get("inGang")))
+    shown = (status.in_place_restarts or InPlaceRestartsStatus()).model_copy()
+    if shown.gang != gang(status) or "gang" not in shown.model_fields_set:
+        shown.gang, shown.in_gang = gang(status), 0  # a new gang's launchers count from 0
+    added = max(0, reported - shown.in_gang)
     if added:
-        shown |= {
-            "total": count_of(shown.get("total")) + added,
-            "inGang": reported,
-            "lastTime": stamp,
-            **({"lastReason": reason} if reason else {}),
-        }
+        shown.total += added
+        shown.in_gang = reported
+        shown.last_time = now
+        if reason:
+            shown.last_reason = reason
         count_failure(status, disruption=False, failures=added)
-    if shown.get("total"):
-        status[IN_PLACE_RESTARTS] = shown
+    if shown.total:
+        status.in_place_restarts = shown
     return added
 
 
-def total(status: dict[str, Any]) -> int:
+def total(status: TrainingJobStatus) -> int:
     """Gang restarts plus every in-place restart: kubectl's Restarts column."""
     return gang(status) + in_place_total(status)
 
 
-def record_total(status: dict[str, Any]) -> None:
-    status[RESTARTS] = total(status)
+def record_total(status: TrainingJobStatus) -> None:
+    status.restarts = total(status)

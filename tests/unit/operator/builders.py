@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from torchfleet_operator.api.parse import parse_training_job
+from torchfleet_operator.api.parse import parse_training_job, status_wire
 from torchfleet_operator.api.v1alpha1 import TrainingJobSpec, TrainingJobStatus
 from torchfleet_operator.build.pods import pod_name_for_rank
 from torchfleet_operator.config import OperatorConfig
@@ -105,6 +105,11 @@ def a_pass(
     """A planning pass over ``job(workers=workers, **spec)``, for one policy to decide in."""
     body = job(workers=workers, **spec)
     return Pass(body, dict(status or {}), seen or observed(), at(now), CONFIG)
+
+
+def status_of(step: Pass) -> dict[str, Any]:
+    """The status a pass has decided so far, as its write would send it."""
+    return status_wire(step.status)
 
 
 def literal_env(pod: dict[str, Any]) -> dict[str, str]:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from torchfleet_operator.api.parse import read_status
 from torchfleet_operator.policy import elastic
 from torchfleet_operator.policy.failure import Failure
 from torchfleet_operator.status.conditions import find
 
-from .builders import a_pass, deleted_names, gang, observed, pod, running_status, spec_of
+from .builders import a_pass, deleted_names, gang, observed, pod, running_status, spec_of, status_of
 
 MASTER, W0, W1 = "llm-master-0", "llm-worker-0", "llm-worker-1"
 ELASTIC = {"minNodes": 2, "maxNodes": 4, "maxRestarts": 1}
@@ -54,11 +55,11 @@ def test_replace_lost_workers_until_max_restarts(counted_before, phase, deleted,
     step = a_pass(observed(*gang()), status, elastic=ELASTIC)
     left = elastic.replace_lost_workers(step, spec_of(elastic=ELASTIC), list(gang()), [lost(W1)])
     assert left == []
-    assert step.status["phase"] == phase
+    assert status_of(step)["phase"] == phase
     assert deleted_names(step.plan) == deleted
     assert [e.reason for e in step.plan.events] == events
     if phase == "Failed":
-        assert find(step.status["conditions"], "Failed")["reason"] == "ElasticRestartsExceeded"
+        assert find(status_of(step)["conditions"], "Failed")["reason"] == "ElasticRestartsExceeded"
 
 
 @pytest.mark.parametrize(
@@ -72,7 +73,7 @@ def test_replace_lost_workers_until_max_restarts(counted_before, phase, deleted,
 def test_resize(workers, pods, shown, deleted, events):
     spec = spec_of(workers=workers, elastic=ELASTIC)
     step = a_pass(observed(*pods), running_status(elastic={"desiredNodes": shown}), workers=workers)
-    step.old_status = running_status(elastic={"desiredNodes": shown})
+    step.old_status = read_status(running_status(elastic={"desiredNodes": shown}))
     elastic.resize(step, spec, elastic.surplus(spec, list(pods)))
     assert deleted_names(step.plan) == deleted
     assert [e.reason for e in step.plan.events] == events

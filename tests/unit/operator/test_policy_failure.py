@@ -197,8 +197,9 @@ def test_terminating_pods_on_a_lost_node_are_force_deleted_past_the_grace(
         [("llm-worker-0", 0)] if force_deleted else []
     )
     assert step.plan.requeue_after == wake
-    created = find(step.status["conditions"], "Created")
-    assert created["status"] == "False" and "on lost nodes" in created["message"]
+    created = step.condition("Created")
+    assert created is not None and created.status == "False"
+    assert "on lost nodes" in (created.message or "")
 
 
 def test_a_restart_recorded_before_a_crash_deletes_the_old_gang_and_counts_once():

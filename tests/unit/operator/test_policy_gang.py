@@ -12,7 +12,17 @@ from torchfleet_operator.policy import gang as gang_policy
 from torchfleet_operator.policy import kueue, reporting
 from torchfleet_operator.status.conditions import find
 
-from .builders import a_pass, created_names, gang, observed, pod, running_status, spec_of, stamp
+from .builders import (
+    a_pass,
+    created_names,
+    gang,
+    observed,
+    pod,
+    running_status,
+    spec_of,
+    stamp,
+    status_of,
+)
 
 QUEUED = {"scheduling": {"queueName": "team-a"}}
 
@@ -76,8 +86,8 @@ def test_the_phase_comes_from_the_gang(phases, old, phase, running):
         ]
     step = a_pass(observed(*pods), {"restartCount": 0, **status})
     gang_policy.observe(step, spec_of(), pods, 3)
-    assert step.status["phase"] == phase
-    found = find(step.status.get("conditions"), "Running")
+    assert status_of(step)["phase"] == phase
+    found = find(status_of(step).get("conditions"), "Running")
     assert (found or {}).get("status") == running
 
 
@@ -85,7 +95,7 @@ def test_an_unscheduled_pod_is_named_with_the_schedulers_words():
     pods = [pod("llm", 0), pod("llm", 1, unschedulable="Unschedulable: 0/3 nodes have GPUs")]
     step = a_pass(observed(*pods), {"restartCount": 0})
     gang_policy.observe(step, spec_of(workers=1), pods, 2)
-    scheduled = find(step.status["conditions"], "Scheduled")
+    scheduled = find(status_of(step)["conditions"], "Scheduled")
     assert (scheduled["status"], scheduled["reason"]) == ("False", "Unschedulable")
     assert scheduled["message"] == "pod llm-worker-0: 0/3 nodes have GPUs"
 
@@ -148,11 +158,11 @@ def test_the_kueue_gate(view, placement, created, condition):
     step = a_pass(observed(kueue=view), {}, **QUEUED)
     admitted = kueue.gate(step, spec_of(**QUEUED), "team-a", [], "img:1")
     if placement is None:
-        assert admitted is None and step.status.get("phase", "Pending") == "Pending"
+        assert admitted is None and status_of(step).get("phase", "Pending") == "Pending"
     else:
         assert admitted is not None and admitted["worker"].node_selector == placement
     assert [m["kind"] for m in step.plan.create] == created
-    found = find(step.status["conditions"], condition[0])
+    found = find(status_of(step)["conditions"], condition[0])
     assert (found["type"], found["status"], found["reason"]) == condition
 
 
@@ -168,11 +178,11 @@ def test_an_evicted_gang_stops_then_hands_its_quota_back():
     )
     assert kueue.gate(running, spec_of(**QUEUED), "team-a", list(gang()), "img:1") is None
     assert len(running.plan.delete) == 3 and running.plan.workload_patches == []
-    assert running.status["disruptions"] == 1
-    gone = a_pass(observed(kueue=KueueView(workload=evicted)), running.status, **QUEUED)
+    assert status_of(running)["disruptions"] == 1
+    gone = a_pass(observed(kueue=KueueView(workload=evicted)), status_of(running), **QUEUED)
     kueue.gate(gone, spec_of(**QUEUED), "team-a", [], "img:1")
     assert [p.name for p in gone.plan.workload_patches] == ["trainingjob-llm-1"]
-    assert gone.status["disruptions"] == 1  # counted once
+    assert status_of(gone)["disruptions"] == 1  # counted once
 
 
 # ---- reporting.py ----
@@ -188,8 +198,8 @@ def test_the_latest_scrape_is_shown_for_a_running_gang(old_phase, shown):
         observed(progress=scrape, checkpoint_step=5), running_status(phase=old_phase), now=2
     )
     reporting.record_progress(step)
-    assert (step.status.get("progress") or {}).get("step") == shown
-    assert step.status["lastCheckpoint"] == {"step": 5, "time": stamp(1)}  # when scraped
+    assert (status_of(step).get("progress") or {}).get("step") == shown
+    assert status_of(step)["lastCheckpoint"] == {"step": 5, "time": stamp(1)}  # when scraped
 
 
 SHOWN = {"step": 48, "time": stamp(50)}
@@ -225,4 +235,4 @@ def test_the_newest_save_known_is_the_last_checkpoint(shown, scraped, saved, exp
     )
     step = a_pass(seen, running_status(phase="Suspended", lastCheckpoint=shown), now=100)
     reporting.record_checkpoint(step)
-    assert step.status["lastCheckpoint"] == expected
+    assert status_of(step)["lastCheckpoint"] == expected

@@ -16,7 +16,18 @@ from torchfleet_operator.status.conditions import find
 from torchfleet_operator.status.node_health import health_from_samples
 from torchfleet_trainer import contract as k
 
-from .builders import CONFIG, a_pass, at, gang, job, observed, running_status, spec_of, stamp
+from .builders import (
+    CONFIG,
+    a_pass,
+    at,
+    gang,
+    job,
+    observed,
+    running_status,
+    spec_of,
+    stamp,
+    status_of,
+)
 
 NODES = ("node-a", "node-b", "node-c")
 
@@ -75,7 +86,7 @@ def test_windows_count_log_intervals_over_the_threshold(scores, slow_before, sam
         ]
         before = {"health": {"gang": 0, "nodes": nodes}}
     step, _ = judged(now, before, stragglers={"windows": 5})
-    assert step.status["health"]["nodes"][2]["slowWindows"] == expected
+    assert status_of(step)["health"]["nodes"][2]["slowWindows"] == expected
 
 
 @pytest.mark.parametrize(
@@ -84,7 +95,7 @@ def test_windows_count_log_intervals_over_the_threshold(scores, slow_before, sam
 )
 def test_the_action_decides_whether_the_gang_leaves_the_node(action, restarts):
     step, found = judged(scrape((1.0, 2.0, 1.0)), stragglers={"windows": 1, "action": action})
-    straggler = find(step.status["conditions"], "Straggler")
+    straggler = find(status_of(step)["conditions"], "Straggler")
     assert (
         straggler
         and straggler["status"] == "True"
@@ -93,7 +104,7 @@ def test_the_action_decides_whether_the_gang_leaves_the_node(action, restarts):
     assert bool(found) is restarts
     if restarts:
         assert found[0].disruption and found[0].pod == "llm-worker-0"
-        assert step.status["health"]["avoidedNodes"] == ["node-b"]
+        assert status_of(step)["health"]["avoidedNodes"] == ["node-b"]
 
 
 def preflight(ratios: tuple[float, ...]) -> GangHealth:
@@ -133,9 +144,9 @@ def test_replace_spends_max_replacements_then_only_reports(
     record = {"gang": 0, "replacements": before} if before else {"gang": 0}
     step, found = judged(SLOW_NODE_B[finding], {"health": record}, stragglers=policy)
     type_, bad = CONDITION[finding]
-    shown = find(step.status["conditions"], type_)
+    shown = find(status_of(step)["conditions"], type_)
     assert shown and shown["status"] == bad and "node node-b" in shown["message"]
-    health_now = step.status["health"]
+    health_now = status_of(step)["health"]
     if replaced:
         assert found and found[0].disruption and found[0].reason == REPLACE_REASON[finding]
         assert shown["reason"] == REPLACE_REASON[finding]
@@ -163,8 +174,8 @@ def test_a_straggler_and_a_failed_preflight_together_are_one_replacement():
         k.PHASE_TRAIN,
     )
     step, found = judged(both, stragglers={"windows": 1, "action": "Replace"})
-    assert len(found) == 1 and step.status["health"]["replacements"] == 1
-    assert step.status["health"]["avoidedNodes"] == ["node-b", "node-c"]
+    assert len(found) == 1 and status_of(step)["health"]["replacements"] == 1
+    assert status_of(step)["health"]["avoidedNodes"] == ["node-b", "node-c"]
 
 
 def test_the_replacements_carry_over_to_the_next_gang():
@@ -174,7 +185,7 @@ def test_the_replacements_carry_over_to_the_next_gang():
     }
     step = a_pass(observed(*pods(1)), running_status(1, **status))
     health.judge(step, spec_of(), pods(1))
-    assert step.status["health"] == {"gang": 1, "avoidedNodes": ["node-x"], "replacements": 2}
+    assert status_of(step)["health"] == {"gang": 1, "avoidedNodes": ["node-x"], "replacements": 2}
 
 
 def test_avoided_nodes_keep_the_newest_within_the_limit():
@@ -184,7 +195,7 @@ def test_avoided_nodes_keep_the_newest_within_the_limit():
         {"health": {"gang": 0, "avoidedNodes": old}},
         stragglers={"windows": 1, "action": "Replace"},
     )
-    avoided = step.status["health"]["avoidedNodes"]
+    avoided = status_of(step)["health"]["avoidedNodes"]
     assert len(avoided) == c.MAX_AVOIDED_NODES and avoided[-1] == "node-b"
     assert "old-0" not in avoided
 
@@ -204,7 +215,7 @@ def test_avoided_nodes_keep_the_newest_within_the_limit():
 def test_a_step_that_stands_still_while_training_is_stalled(phase, mean, stood, stalled):
     status = {"health": {"gang": 0, "stepSeen": {"step": 5, "since": stamp(0)}}}
     step, found = judged(scrape((1.0, 1.0, 1.0), phase=phase, mean=mean), status, now=stood)
-    condition = find(step.status.get("conditions"), "Stalled")
+    condition = find(status_of(step).get("conditions"), "Stalled")
     assert (condition is not None and condition["status"] == "True") is stalled
     assert not found  # Report
     if not stalled and phase == k.PHASE_TRAIN:
@@ -224,13 +235,13 @@ def test_a_new_gang_starts_its_own_figures_but_keeps_the_avoided_nodes():
     }
     step = a_pass(observed(*pods(1)), running_status(1, **status))
     health.judge(step, spec_of(), pods(1))
-    assert step.status["health"] == {"gang": 1, "avoidedNodes": ["node-x"]}
+    assert status_of(step)["health"] == {"gang": 1, "avoidedNodes": ["node-x"]}
 
 
 def test_a_job_that_reports_nothing_gets_no_health_status():
     step = a_pass(observed(*pods()), running_status())
     health.judge(step, spec_of(), pods())
-    assert "health" not in step.status
+    assert "health" not in status_of(step)
 
 
 @pytest.mark.parametrize(
@@ -289,7 +300,7 @@ def test_pods_sharing_a_node_are_as_slow_as_the_slowest():
     seen = observed(*shared, health=scrape((1.0, 2.0, 1.0)), progress=progress)
     step = a_pass(seen, running_status(progress=progress), now=10)
     health.judge(step, spec_of(), shared)
-    (node,) = step.status["health"]["nodes"]
+    (node,) = status_of(step)["health"]["nodes"]
     assert node["node"] == "node-a" and node["stragglerScore"] == 2.0
 
 
@@ -315,6 +326,6 @@ def test_a_long_evaluation_or_save_is_no_stall_even_under_restart(phase):
     step, found = judged(
         scrape((1.0, 1.0, 1.0), phase=phase), status, now=10_000, stall={"action": "Restart"}
     )
-    stalled = find(step.status.get("conditions"), "Stalled")
+    stalled = find(status_of(step).get("conditions"), "Stalled")
     assert found == [], found
     assert stalled is None or stalled["status"] != "True", stalled

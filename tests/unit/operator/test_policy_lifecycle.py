@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from torchfleet_operator.api.parse import wire
+from torchfleet_operator.observed import timestamp
 from torchfleet_operator.policy import deadline, invalid, success, suspend
 from torchfleet_operator.status.conditions import find
 
-from .builders import a_pass, deleted_names, gang, observed, pod, running_status, spec_of, stamp
+from .builders import a_pass, at, deleted_names, gang, observed, pod, running_status, spec_of, stamp
 
 
 def condition(type_: str, status: str, reason: str, message: str = "") -> dict:
@@ -60,8 +62,9 @@ def test_a_pod_template_refused_as_invalid_fails_the_job(children, observed_gene
     step = a_pass(observed(), status)
     assert invalid.fail_if_pods_refused(step) is fails
     if fails:
-        failed = find(step.status["conditions"], "Failed")
-        assert failed["reason"] == "InvalidSpec" and "bad mount" in failed["message"]
+        failed = step.condition("Failed")
+        assert failed is not None and failed.reason == "InvalidSpec"
+        assert "bad mount" in (failed.message or "")
 
 
 # ---- deadline.py ----
@@ -77,7 +80,8 @@ def test_the_deadline_fails_the_job_or_wakes_the_pass(limit, now, exceeded, wake
     assert deadline.exceeded(step, spec_of(runPolicy=run_policy)) is exceeded
     assert step.plan.requeue_after == wake
     if exceeded:
-        assert find(step.status["conditions"], "Failed")["reason"] == "DeadlineExceeded"
+        failed = step.condition("Failed")
+        assert failed is not None and failed.reason == "DeadlineExceeded"
 
 
 @pytest.mark.parametrize(
@@ -91,7 +95,7 @@ def test_the_deadline_fails_the_job_or_wakes_the_pass(limit, now, exceeded, wake
 def test_the_clock_starts_at_the_first_pass_and_at_each_resume(old, start):
     step = a_pass(observed(), old, now=50)
     deadline.start_clock(step)
-    assert step.status["startTime"] == start
+    assert step.status.start_time is not None and timestamp(step.status.start_time) == start
 
 
 # ---- suspend.py ----
@@ -128,5 +132,6 @@ def test_a_trainer_that_succeeded_ran_every_step():
     pods = [pod("llm", 0, phase="Succeeded")]
     step = a_pass(observed(*pods), running_status(progress=progress), now=1)
     assert success.finish_if_succeeded(step, spec_of(), pods)
-    assert step.status["phase"] == "Succeeded" and step.status["completionTime"] == stamp(1)
-    assert step.status["progress"] == {"step": 100, "totalSteps": 100, "percent": 100}
+    assert step.status.phase == "Succeeded" and step.status.completion_time == at(1)
+    assert step.status.progress is not None
+    assert wire(step.status.progress) == {"step": 100, "totalSteps": 100, "percent": 100}
