@@ -19,19 +19,22 @@ container holds it until the survivors have stepped at 2, as make bench-elastic
 uses it). The job still ends below the Shakespeare test's validation-loss
 threshold.
 
-The survivors' training processes are held (SIGSTOP) from their first step at
-world size 2 until the replacement's trainer runs. Not for speed: on an idle
-machine the survivors finish their steps before the node is declared lost and
+The trainer holds itself (tests/e2e/hold) at two points. At its first
+checkpoint, until the node's processes are gone: unheld, a fast machine trains
+past it, or on to the end, before the node dies, and the survivors' resume
+step is whichever checkpoint came last. At its first step at world size 2
+(the step after that checkpoint), until the replacement's trainer runs:
+unheld, the survivors finish their steps before the node is declared lost and
 the pod force-deleted (20 s grace, then 2 s here), and a replacement with no
-job left to join proves nothing. Their launchers are not held: they keep the
-rendezvous' heartbeats going, as they would while their workers compute.
+job left to join proves nothing. Only the logging rank's main thread holds
+(its peer waits for it in a collective): the launchers keep the rendezvous'
+heartbeats going, as they would while their workers compute.
 """
 
 from __future__ import annotations
 
 import signal
 import time
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +44,19 @@ from tests.e2e.test_training import (
     VAL_LOSS_THRESHOLD,
     corpus_namespace,
     events,
-    held,
     load_example,
     pod_uid,
     wait_job,
 )
-from tests.fixtures.e2e import E2E_NODES, NodeAgent, apply_objects, silent_node
+from tests.fixtures.e2e import (
+    E2E_NODES,
+    Hold,
+    NodeAgent,
+    apply_objects,
+    held_at,
+    release_once_dead,
+    silent_node,
+)
 from torchfleet_trainer import contract
 
 from nodeagent import procs  # isort: skip  (dev/ is put on the path by the fixtures)
@@ -170,12 +180,27 @@ def test_a_lost_worker_is_replaced_alone_and_the_job_trains_through(
         gate(node_agent, namespace).touch()
         job = a_worker_alone_and_quick_to_give_up(elastic_shakespeare())
         job["spec"]["trainer"]["training"]["steps"] = STEPS
+        checkpoint = job["spec"]["trainer"]["checkpoint"]["interval"]
+        # The first step after the checkpoint is one at world size 2: the
+        # round at 3 is held at the checkpoint until its peer is dead.
+        holds = held_at(
+            job, node_agent, namespace, ("checkpoint", checkpoint), ("step", checkpoint + 1)
+        )
         apply_objects(cluster, namespace, job)
-        _lose_a_worker_and_finish(cluster, namespace, node_agent, job_driver.wait_for)
+        try:
+            _lose_a_worker_and_finish(cluster, namespace, node_agent, job_driver.wait_for, *holds)
+        finally:
+            for hold in holds:
+                hold.release()  # a failed test leaves no trainer waiting
 
 
 def _lose_a_worker_and_finish(
-    cluster: Any, namespace: str, agent: NodeAgent, wait_for: Any
+    cluster: Any,
+    namespace: str,
+    agent: NodeAgent,
+    wait_for: Any,
+    checkpoint_hold: Hold,
+    shrunk_hold: Hold,
 ) -> None:
     total = STEPS
 
@@ -192,47 +217,40 @@ def _lose_a_worker_and_finish(
     (victim,) = [pod for pod in WORKERS if placed[pod] != E2E_NODES[0]]
     victim_node = placed[victim]
     assert list(placed.values()).count(victim_node) == 1, placed
-    # Full size first, and a checkpoint to resume from.
-    wait_for(
-        "a checkpoint saved at world size 3",
-        lambda: (
-            all_events(agent, namespace, "checkpoint")
-            and any(w["world_size"] == 3 for w in all_events(agent, namespace, "world"))
-        ),
-        timeout=420,
-    )
+    # Full size first, and a checkpoint to resume from: held there.
+    saved = wait_for("the trainer held at its first checkpoint", checkpoint_hold.held, timeout=420)
+    worlds = [w["world_size"] for w in all_events(agent, namespace, "world")]
+    assert worlds[-1:] == [3], f"the first checkpoint was not saved at world size 3: {worlds}"
     old_uid = pod_uid(cluster, namespace, victim)
     gate(agent, namespace).unlink()
-    with ExitStack() as holding:
-        with silent_node(cluster, victim_node):
-            lost_at = time.time()
-            shrunk = wait_for("steps at world size 2", lambda: steps_at(2, lost_at), timeout=300)
-            # Their training processes only: the launchers keep the heartbeats.
-            survivors = [pod_uid(cluster, namespace, pod) for pod in PODS if pod != victim]
-            stopped = [p for uid in survivors for p in procs.rank_processes(uid)]
-            assert stopped, "the survivors have no training processes to hold"
-            holding.enter_context(held(stopped))
-            # The dead node never confirmed the lost pod's deletion: the
-            # operator force-deleted it once the node was lost.
-            wait_for(
-                "the lost pod force-deleted",
-                lambda: pod_uid_or_none(cluster, namespace, victim) != old_uid,
-                timeout=120,
-            )
-            force_deleted_after = time.time() - lost_at
-        booted_after = time.time() - lost_at
-        gate(agent, namespace).touch()
-        new_uid = wait_for(
-            "the replacement pod",
-            lambda: (uid := pod_uid_or_none(cluster, namespace, victim)) != old_uid and uid,
-            timeout=300,
-        )
+    with silent_node(cluster, victim_node):
+        lost_at = time.time()
+        release_once_dead(wait_for, old_uid, checkpoint_hold)
+        wait_for("the survivors held at world size 2", shrunk_hold.held, timeout=300)
+        shrunk = steps_at(2, lost_at)
+        assert shrunk, "the held step was not one at world size 2"
+        # The dead node never confirmed the lost pod's deletion: the
+        # operator force-deleted it once the node was lost.
         wait_for(
-            "the replacement's trainer running",
-            lambda: any("torchfleet-train" in p.cmdline for p in procs.pod_processes(new_uid)),
+            "the lost pod force-deleted",
+            lambda: pod_uid_or_none(cluster, namespace, victim) != old_uid,
             timeout=120,
         )
-        replaced_after = time.time() - lost_at
+        force_deleted_after = time.time() - lost_at
+    booted_after = time.time() - lost_at
+    gate(agent, namespace).touch()
+    new_uid = wait_for(
+        "the replacement pod",
+        lambda: (uid := pod_uid_or_none(cluster, namespace, victim)) != old_uid and uid,
+        timeout=300,
+    )
+    wait_for(
+        "the replacement's trainer running",
+        lambda: any("torchfleet-train" in p.cmdline for p in procs.pod_processes(new_uid)),
+        timeout=120,
+    )
+    replaced_after = time.time() - lost_at
+    shrunk_hold.release()
     regrown = wait_for(
         "steps at world size 3 again", lambda: steps_at(3, shrunk[0]["time"]), timeout=300
     )
@@ -255,6 +273,12 @@ def _lose_a_worker_and_finish(
     worlds = [e for e in all_events(agent, namespace, "world") if e["time"] > lost_at]
     sizes = [(w["world_size"], w["grad_accum_steps"]) for w in worlds]
     assert (2, 3) in sizes and sizes[-1] == (3, 2), sizes
+    # The survivors resumed from the checkpoint they were held at, exactly,
+    # and the replacement's round from a later one or that one.
+    loads = [e["step"] for e in all_events(agent, namespace, "resumed") if e["time"] > lost_at]
+    assert loads and loads[0] == saved["step"], (saved, loads)
+    held_step = (shrunk_hold.held() or {}).get("step")
+    assert saved["step"] < shrunk[0]["step"] == held_step, (saved, shrunk[0], held_step)
     # Two runs of the victim's name on the agent, the lost pod and its
     # replacement; one of each survivor, never restarted.
     runs = {pod: len(agent.pod_dirs(namespace, pod)) for pod in PODS}
