@@ -36,11 +36,14 @@ from tests.fixtures.e2e import (
     LOCAL_PLACEMENT,
     OPERATOR_NAMESPACE,
     REPO,
+    Hold,
     NodeAgent,
     apply_objects,
+    held_at,
     on_session_nodes,
 )
 from tests.fixtures.operator import free_port
+from tests.fixtures.poll import wait_for
 from torchfleet_operator.api import GROUP, PLURAL, VERSION
 from torchfleet_trainer import procname
 
@@ -211,19 +214,6 @@ class StatusWatch:
             self.error = error
 
 
-@contextlib.contextmanager
-def held(ranks: list[Any]) -> Iterator[None]:
-    """The rank processes stopped (SIGSTOP) inside the block, and let go after it."""
-    for rank in ranks:
-        procs.kill(rank, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        for rank in ranks:
-            with contextlib.suppress(ProcessLookupError):
-                procs.kill(rank, signal.SIGCONT)
-
-
 def _shows_the_running_gang(job: dict[str, Any], checkpoint: int) -> bool:
     """The status holds a scrape of the running gang (its rates) taken once it
     had saved the checkpoint."""
@@ -274,15 +264,19 @@ def shakespeare(cluster, node_agent, e2e_operator, prometheus) -> Iterator[Shake
         # module proves (test_node_health.py proves the in-place one).
         job_manifest["spec"]["runPolicy"]["inPlaceRestarts"] = 0
         name = job_manifest["metadata"]["name"]
-        with StatusWatch(cluster, namespace, name) as statuses:
-            apply_objects(cluster, namespace, job_manifest)
-            run = _run_with_a_killed_worker(cluster, namespace, name, node_agent)
+        (hold,) = held_at(job_manifest, node_agent, namespace, ("checkpoint", KILL_AFTER_STEP))
+        try:
+            with StatusWatch(cluster, namespace, name) as statuses:
+                apply_objects(cluster, namespace, job_manifest)
+                run = _run_with_a_killed_worker(cluster, namespace, name, node_agent, hold)
+        finally:
+            hold.release()  # a failed run leaves no trainer waiting
         run.progress_seen = statuses.progress()
         yield run
 
 
 def _run_with_a_killed_worker(
-    cluster: Any, namespace: str, name: str, agent: NodeAgent
+    cluster: Any, namespace: str, name: str, agent: NodeAgent, hold: Hold
 ) -> ShakespeareRun:
     rows: list[str] = []
     master = f"{name}-master-0"
@@ -292,40 +286,37 @@ def _run_with_a_killed_worker(
         rows.append(cluster.kubectl("get", "tj", name, "-n", namespace, "--no-headers").stdout)
         return job
 
-    def saved_steps() -> list[int]:
-        logs = agent.logs(namespace, master, "trainer")
-        return [e["step"] for e in events(logs[0], "checkpoint")] if logs else []
-
-    # Midway: as soon as the trainer has saved step KILL_AFTER_STEP (read from
-    # its log, which is faster than any status), hold the gang there.
-    deadline = time.monotonic() + 540
-    job = observe()
-    while max(saved_steps(), default=0) < KILL_AFTER_STEP:
-        assert job.get("status", {}).get("phase") not in ("Failed", "Succeeded"), job["status"]
-        assert time.monotonic() < deadline, f"no checkpoint in 540s: {job.get('status')}"
-        time.sleep(0.2)
+    def held() -> dict[str, Any] | None:
         job = observe()
+        assert job.get("status", {}).get("phase") not in ("Failed", "Succeeded"), job["status"]
+        return hold.held()
+
+    # Midway: the trainer holds itself once it has saved step KILL_AFTER_STEP
+    # (tests/e2e/hold); its peers wait for it in their next all-reduce, and its
+    # /metrics still serves. An idle machine runs 100 steps in 2 s, quicker
+    # than the operator's 2 s scrapes: held, the status shows this gang's
+    # progress and its checkpoint before the kill, as on a slower machine, and
+    # no later save can come before the kill.
+    saved = wait_for(f"the trainer held at its save of step {KILL_AFTER_STEP}", held, 540)
+    checkpoint_at_kill = int(saved["step"])
     ranks = procs.rank_processes(pod_uid(cluster, namespace, f"{name}-worker-0"))
     assert len(ranks) == 2, f"expected 2 rank processes in the worker pod: {ranks}"
-    with held(ranks):
-        # An idle machine runs 100 steps in 2 s, quicker than the operator's
-        # 2 s scrapes: the stopped worker holds every rank in its all-reduce
-        # (the master still serves /metrics) until the status has shown this
-        # gang's progress and its checkpoint, as on a slower machine.
-        checkpoint_at_kill = max(saved_steps())
-        killed_rank = procname.rank_of(ranks[0].pid)
-        assert killed_rank is not None, f"not a training process: {ranks[0]}"
-        while not _shows_the_running_gang(job, checkpoint_at_kill):
-            assert time.monotonic() < deadline, f"gang never in status: {job.get('status')}"
-            time.sleep(0.2)
-            job = observe()
-        procs.kill(ranks[0], signal.SIGKILL)
+    killed_rank = procname.rank_of(ranks[0].pid)
+    assert killed_rank is not None, f"not a training process: {ranks[0]}"
+    wait_for(
+        "the gang's progress and checkpoint in status",
+        lambda: _shows_the_running_gang(observe(), checkpoint_at_kill),
+        timeout=120,
+    )
+    procs.kill(ranks[0], signal.SIGKILL)
+    hold.release()
 
-    deadline = time.monotonic() + 540
-    while job.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
-        assert time.monotonic() < deadline, f"not finished in 540s: {job.get('status')}"
-        time.sleep(0.5)
-        job = observe()
+    job = wait_for(
+        "the job finished",
+        lambda: (j := observe()).get("status", {}).get("phase") in ("Succeeded", "Failed") and j,
+        timeout=540,
+        interval=0.5,
+    )
     master_logs = agent.logs(namespace, master, "trainer")
     return ShakespeareRun(
         namespace=namespace,
@@ -387,7 +378,9 @@ def test_killed_worker_restarts_the_gang_and_resumes_from_the_last_checkpoint(
     saved_before_crash = [e["step"] for e in events(shakespeare.first_master_log, "checkpoint")]
     assert saved_before_crash, "the first gang saved no checkpoint"
     last_saved = max(saved_before_crash)
-    assert last_saved >= shakespeare.checkpoint_step_at_kill
+    # The kill came while the trainer was held at its save of KILL_AFTER_STEP:
+    # the last checkpoint before the crash is that one, exactly.
+    assert last_saved == shakespeare.checkpoint_step_at_kill == KILL_AFTER_STEP
 
     resumed = events(shakespeare.final_master_log, "resumed")
     assert [e["step"] for e in resumed] == [last_saved]
