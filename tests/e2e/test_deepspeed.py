@@ -2,8 +2,9 @@
 running DeepSpeed's own launcher in no-ssh mode on the operator's hostfile
 (ZeRO stage 2, gloo on CPU), as real processes under the node agent.
 
-Once DeepSpeed's ``save_checkpoint`` has written a checkpoint on the job's
-volume, the worker's training process is SIGKILLed: DeepSpeed's launcher ends
+Once DeepSpeed's ``save_checkpoint`` has written the first checkpoint on the
+job's volume (rank 0 holds there, the script's ``--hold-after-checkpoint``,
+until the kill), the worker's training process is SIGKILLed: DeepSpeed's launcher ends
 the pod, the operator restarts the gang, and the new gang's script resumes
 from DeepSpeed's ``latest`` checkpoint (the parameters it loads are the ones
 saved) and the job succeeds. The same script then runs under torchrun, which
@@ -24,14 +25,14 @@ import re
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.e2e.test_training import failure_report, get_job, load_example, pod_uid, wait_job
-from tests.fixtures.e2e import NodeAgent, apply_objects
+from tests.fixtures.e2e import HOLD_FOLDER, Hold, apply_objects
+from tests.fixtures.poll import wait_for
 from torchfleet_operator.api.v1alpha1 import TrainingJob
 from torchfleet_operator.build import hostfile
 from torchfleet_operator.build.pods import build_pod
@@ -46,8 +47,6 @@ SCRIPTS = Path(__file__).parent / "scripts"
 TORCH_EXTENSIONS_DIR = Path.home() / ".cache" / "torchfleet" / "torch-extensions"
 STEPS = 16
 CHECKPOINT_EVERY = 4
-# Long enough that the kill lands between the first checkpoint and the last step.
-STEP_SECONDS = 1.0
 
 
 @pytest.fixture
@@ -70,13 +69,15 @@ def code_config_map() -> dict[str, Any]:
 
 
 def deepspeed_job(**overrides: Any) -> dict[str, Any]:
-    """The example, shorter, slower per step, with the shared extensions cache."""
+    """The example, shorter, held after its first checkpoint (``held``), with
+    the shared extensions cache."""
     job = load_example("deepspeed-cpu.yaml")
     job["spec"]["args"] = [
         "--checkpoint-dir=$(TORCHFLEET_CHECKPOINT_DIR)",
         f"--steps={STEPS}",
         f"--checkpoint-every={CHECKPOINT_EVERY}",
-        f"--step-seconds={STEP_SECONDS}",
+        f"--hold-after-checkpoint={CHECKPOINT_EVERY}",
+        f"--hold-dir=$(TORCHFLEET_CHECKPOINT_DIR)/{HOLD_FOLDER}",
     ]
     for role in ("master", "worker"):
         trainer = job["spec"][role]["template"]["spec"]["containers"][0]
@@ -94,21 +95,16 @@ def of(log: str, event: str) -> list[dict[str, Any]]:
     return [r for r in reports(log) if r["event"] == event]
 
 
-def wait_for_checkpoint(
-    cluster: Any, agent: NodeAgent, namespace: str, name: str, timeout: float
-) -> int:
-    """The first step the master's script reports saved (the first start
-    may compile DeepSpeed's op: minutes on a busy machine)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        logs = agent.logs(namespace, f"{name}-master-0", "trainer")
-        saved = of(logs[0], "checkpoint") if logs else []
-        if saved:
-            return int(saved[0]["step"])
+def wait_held(cluster: Any, hold: Hold, namespace: str, name: str, timeout: float) -> int:
+    """The step rank 0 holds at, after its first save (the first start may
+    compile DeepSpeed's op: minutes on a busy machine)."""
+
+    def held() -> dict[str, Any] | None:
         status = get_job(cluster, namespace, name).get("status") or {}
         assert status.get("phase") not in ("Failed", "Succeeded", "Restarting"), status
-        time.sleep(0.5)
-    raise AssertionError(f"no checkpoint saved in {timeout}s")
+        return hold.held()
+
+    return int(wait_for("rank 0 held after its first checkpoint", held, timeout, 0.5)["step"])
 
 
 def test_deepspeed_launcher_restarts_the_gang_and_resumes_from_its_checkpoint(
@@ -118,11 +114,13 @@ def test_deepspeed_launcher_restarts_the_gang_and_resumes_from_its_checkpoint(
     name = job["metadata"]["name"]
     master, worker = f"{name}-master-0", f"{name}-worker-0"
     apply_objects(cluster, namespace, code_config_map(), job)
+    hold = Hold(node_agent.claim_dir(namespace, f"{name}-checkpoint") / HOLD_FOLDER, 0)
     try:
-        wait_for_checkpoint(cluster, node_agent, namespace, name, timeout=540)
+        held_step = wait_held(cluster, hold, namespace, name, timeout=540)
         ranks = procs.rank_processes(pod_uid(cluster, namespace, worker))
         assert [("deepspeed_train.py" in r.cmdline) for r in ranks] == [True], ranks
         procs.kill(ranks[0], signal.SIGKILL)
+        hold.release()
         done = wait_job(cluster, namespace, name, {"Succeeded", "Failed"}, timeout=540)
         assert done["status"]["phase"] == "Succeeded", done["status"]
     except AssertionError as error:
@@ -150,8 +148,10 @@ def test_deepspeed_launcher_restarts_the_gang_and_resumes_from_its_checkpoint(
     assert first and not of(master_logs[0], "done")
     saved = {r["step"]: r["checksum"] for r in first}
     # The new gang loaded DeepSpeed's latest checkpoint: the step after the last
-    # one saved, with the very parameters saved (both ranks).
+    # one saved (the one held at, the first), with the very parameters saved
+    # (both ranks).
     last = max(saved)
+    assert last == held_step == CHECKPOINT_EVERY, (saved, held_step)
     for logs in (master_logs, worker_logs):
         (start,) = of(logs[1], "start")
         assert start["step"] == last + 1

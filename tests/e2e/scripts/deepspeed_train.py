@@ -11,6 +11,12 @@ the parameters' checksum just after loading), ``checkpoint`` (the step saved and
 the checksum saved) and ``done`` (the last loss). The data of a step is a pure
 function of the step and the rank, so a resumed run sees what an uninterrupted
 one would have seen.
+
+``--hold-after-checkpoint N --hold-dir DIR`` (a test's, never a user's): rank 0
+holds after its first save at step N or later until the test releases it,
+by tests/e2e/hold's files (``held-0`` written, ``release-0`` awaited), once per
+job: the other rank waits for it in the next step's collectives, so the test
+injects its fault between that checkpoint and the next step on any machine.
 """
 
 import argparse
@@ -28,6 +34,19 @@ def report(event: str, **fields: object) -> None:
     line = json.dumps({"event": event, "rank": int(os.environ.get("RANK", "-1")), **fields})
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
+
+
+def hold(folder: str, step: int) -> None:
+    """The test's barrier (see the docstring); a later run finds held-0 and goes on."""
+    held, release = os.path.join(folder, "held-0"), os.path.join(folder, "release-0")
+    if os.path.exists(held):
+        return
+    os.makedirs(folder, exist_ok=True)
+    with open(held + ".tmp", "w") as out:
+        json.dump({"event": "checkpoint", "step": step, "pid": os.getpid()}, out)
+    os.replace(held + ".tmp", held)
+    while not os.path.exists(release):
+        time.sleep(0.05)
 
 
 def checksum(module: torch.nn.Module) -> float:
@@ -48,8 +67,8 @@ def main() -> None:
     parser.add_argument("--checkpoint-dir", default="checkpoints")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--checkpoint-every", type=int, default=5)
-    # Slows each step down so that a test can stop a rank between two checkpoints.
-    parser.add_argument("--step-seconds", type=float, default=0.0)
+    parser.add_argument("--hold-after-checkpoint", type=int, default=0)
+    parser.add_argument("--hold-dir", default="")
     parser = deepspeed.add_config_arguments(parser)
     args = parser.parse_args()
     checkpoint_dir = args.checkpoint_dir
@@ -82,7 +101,9 @@ def main() -> None:
             # Every rank saves: ZeRO-2 writes each rank's optimizer shard.
             engine.save_checkpoint(checkpoint_dir, tag=f"step{step}", client_state={"step": step})
             report("checkpoint", step=step, checksum=checksum(engine.module))
-        time.sleep(args.step_seconds)
+            holds = args.hold_dir and 0 < args.hold_after_checkpoint <= step
+            if holds and engine.global_rank == 0:
+                hold(args.hold_dir, step)
     report("done", step=args.steps, loss=loss.item())
 
 
