@@ -56,6 +56,10 @@ prometheus-build: ## Prometheus with Kubernetes SD from Go modules (Debian's 2.4
 cluster-build: ## build the control plane from Go modules (cached in ~/.cache/torchfleet)
 	dev/cluster/build.sh
 
+.PHONY: realnode-build
+realnode-build: ## build the real node (kubelet, containerd, CNI plugins, pause and busybox images), cached
+	dev/realnode/build.sh
+
 .PHONY: kueue-build
 kueue-build: ## build Kueue (default pinned in dev/cluster/kueue/versions.env) from its Go module, cached
 	dev/cluster/kueue/build.sh
