@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -26,9 +26,7 @@ import torch.distributed as dist
 from torchfleet_trainer.config import PreflightConfig
 from torchfleet_trainer.health import GangNode, NodeFigure, per_node
 from torchfleet_trainer.metrics import TrainMetrics
-
-if TYPE_CHECKING:
-    from torchfleet_trainer.train import Runtime
+from torchfleet_trainer.runtime import Runtime
 
 # Defaults by device: a 4096 bf16 matmul keeps an H100 busy ~0.2 ms per call;
 # a 512 fp32 one takes a CPU core a few ms.

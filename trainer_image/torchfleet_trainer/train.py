@@ -57,35 +57,10 @@ from torchfleet_trainer.health import (
 from torchfleet_trainer.metrics import TrainMetrics, flops_per_token, log_json, mfu_peak_tflops
 from torchfleet_trainer.models import build_model
 from torchfleet_trainer.preflight import publish, run_preflight
+from torchfleet_trainer.runtime import Runtime
 from torchfleet_trainer.schedule import lr_at
 from torchfleet_trainer.tensorboard import TensorBoardLog
 from torchfleet_trainer.timeouts import CollectiveTimeouts
-
-
-@dataclass
-class Runtime:
-    """Where this process runs: device, precision and (unless single) its mesh."""
-
-    device: torch.device
-    dtype: torch.dtype
-    dims: ParallelDims | None
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-    # Micro-steps per optimizer step at this world size (the global batch is fixed).
-    accum_steps: int = 1
-    # This rank's place in the data-parallel and pipeline dimensions, read once: a
-    # mesh answers through several Python calls on every query.
-    dp_rank: int = field(init=False)
-    pp_rank: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.dp_rank = self.dims.dp_rank if self.dims else 0
-        self.pp_rank = self.dims.rank_in("pp") if self.dims else 0
-
-    @property
-    def is_logger(self) -> bool:
-        return self.rank == 0
 
 
 @dataclass
