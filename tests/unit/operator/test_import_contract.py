@@ -17,12 +17,12 @@ Every import statement counts, including those inside functions and under
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
 
 import torchfleet_operator
+from tests.import_graph import ImportGraph, Layers, imports, layer_of
 
 PACKAGE = "torchfleet_operator"
 ROOT = Path(torchfleet_operator.__file__).parent
@@ -43,7 +43,7 @@ SHELL = (
 )
 # The layers, lowest first; each top-level module or package of the operator is
 # in exactly one (the package's own __init__, which imports nothing, is the root).
-LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+LAYERS: Layers = (
     ("api", ("", "api", "config")),
     ("build", ("build",)),
     ("observed", ("observed",)),
@@ -55,38 +55,13 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-MODULES = {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+_GRAPH = ImportGraph.of(ROOT)
+MODULES = _GRAPH.modules
+GRAPH = _GRAPH.edges
 
 
 def _imports(path: Path) -> set[str]:
-    """Every module an import statement of ``path`` names: ``from a import b``
-    names ``a.b`` when that is a module of the package, else ``a``."""
-    package = _module_name(path) if path.name == "__init__.py" else _module_name(path.parent)
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")
-                anchor = anchor[: len(anchor) - (node.level - 1)]
-                base = ".".join([*anchor, base] if base else anchor)
-            for alias in node.names:
-                module = f"{base}.{alias.name}"
-                found.add(module if module in MODULES else base)
-    return found
-
-
-GRAPH = {
-    name: {m for m in _imports(path) if m in MODULES and m != name}
-    for name, path in MODULES.items()
-}
+    return imports(ROOT, path, MODULES)
 
 
 def _layer(module: str) -> str:
@@ -98,11 +73,7 @@ def _pure(module: str) -> bool:
 
 
 def _layer_of(module: str) -> tuple[int, str]:
-    """The rank and name of the layer ``module`` belongs to."""
-    for rank, (name, members) in enumerate(LAYERS):
-        if _layer(module) in members:
-            return rank, name
-    raise AssertionError(f"{module} is in no layer: add {_layer(module)!r} to one of LAYERS")
+    return layer_of(module, LAYERS)
 
 
 def test_the_walk_sees_the_package() -> None:
@@ -123,13 +94,7 @@ def test_the_pure_layer_imports_no_client_and_no_shell(module: str) -> None:
 
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_no_module_imports_a_layer_above_its_own(module: str) -> None:
-    rank, layer = _layer_of(module)
-    upward = [
-        f"{module} (layer {layer}) imports {imported} (layer {above})"
-        for imported in sorted(GRAPH[module])
-        for imported_rank, above in [_layer_of(imported)]
-        if imported_rank > rank
-    ]
+    upward = _GRAPH.upward_imports(module, LAYERS)
     assert not upward, "an import goes up the layers: " + "; ".join(upward)
 
 
@@ -143,22 +108,7 @@ def test_the_layer_order_catches_an_upward_import() -> None:
     assert "torchfleet_operator.api.reasons" in GRAPH["torchfleet_operator.policy.failure"]
 
 
-def _cycle_through(start: str) -> list[str] | None:
-    """A path start -> ... -> start over the import graph, or None."""
-    stack = [(start, [start])]
-    seen: set[str] = set()
-    while stack:
-        module, path = stack.pop()
-        for imported in sorted(GRAPH[module]):
-            if imported == start:
-                return [*path, start]
-            if imported not in seen:
-                seen.add(imported)
-                stack.append((imported, [*path, imported]))
-    return None
-
-
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_no_module_imports_itself_back(module: str) -> None:
-    cycle = _cycle_through(module)
+    cycle = _GRAPH.cycle_through(module)
     assert cycle is None, " -> ".join(cycle or ())

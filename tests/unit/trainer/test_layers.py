@@ -1,0 +1,75 @@
+"""The trainer's layering, checked over every import of torchfleet_trainer.
+
+Lowest first: the pod contract and the config schema the operator shares
+(contract, config) < model code, free of parallelism (models/) < parallelism
+(distributed/) < the training parts, one concern each (checkpoint, data,
+metrics, schedule, ...) < the training loop (train) < the launcher (the
+process tree around it: launch, worker, main, ...). A module imports its own
+layer or one below, never one above; and no module imports, however
+indirectly, one that imports it back.
+
+One cycle is known and left until the launcher gets a package of its own
+(issue 42): worker.py uses launch.py's exit-code and outcome helpers while
+launch.py starts worker.run (deferred, inside run_workers). KNOWN_CYCLES names
+it; any other cycle, or this one grown past those two modules, fails.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import torchfleet_trainer
+from tests.import_graph import ImportGraph, Layers, layer_of
+
+ROOT = Path(torchfleet_trainer.__file__).parent
+GRAPH = ImportGraph.of(ROOT)
+LAYERS: Layers = (
+    ("contract", ("", "contract", "config")),
+    ("models", ("models",)),
+    ("parallelism", ("distributed",)),
+    (
+        "training parts",
+        (
+            "checkpoint",
+            "data",
+            "health",
+            "metrics",
+            "preflight",
+            "runtime",
+            "schedule",
+            "tensorboard",
+            "termination",
+            "timeouts",
+        ),
+    ),
+    ("training loop", ("train",)),
+    ("launcher", ("forkserver", "launch", "logtee", "lost_peer", "main", "procname", "worker")),
+)
+KNOWN_CYCLES = {frozenset({"torchfleet_trainer.launch", "torchfleet_trainer.worker"})}
+
+
+def test_the_walk_sees_the_package() -> None:
+    # A walk that found nothing would pass every check below.
+    assert "torchfleet_trainer.train" in GRAPH.edges
+    assert "torchfleet_trainer.checkpoint" in GRAPH.edges["torchfleet_trainer.train"]
+    assert "torchfleet_trainer.train" in GRAPH.edges["torchfleet_trainer.forkserver"]
+    assert (
+        layer_of("torchfleet_trainer.models.gpt", LAYERS)[0]
+        < layer_of("torchfleet_trainer.train", LAYERS)[0]
+    )
+
+
+@pytest.mark.parametrize("module", sorted(GRAPH.modules))
+def test_no_module_imports_a_layer_above_its_own(module: str) -> None:
+    upward = GRAPH.upward_imports(module, LAYERS)
+    assert not upward, "an import goes up the layers: " + "; ".join(upward)
+
+
+@pytest.mark.parametrize("module", sorted(GRAPH.modules))
+def test_no_module_imports_itself_back(module: str) -> None:
+    cycle = GRAPH.cycle_through(module)
+    if cycle is not None and frozenset(cycle) in KNOWN_CYCLES:
+        return
+    assert cycle is None, "an import cycle: " + " -> ".join(cycle or ())
