@@ -50,7 +50,9 @@ def record_checkpoint(step: Pass) -> None:
     reports its last save itself (dated when it saved: its final save, or the
     one it made in a preemption's grace period).
     Only a report newer than the one shown replaces it: the old gang's last
-    scrape, which the poller still holds, never takes back a later save."""
+    scrape, which the poller still holds, never takes back a later save. The
+    status keeps whole seconds, so two saves can share one: then the larger
+    step is the later (a run only saves past the step it resumed from)."""
     observed = step.observed
     shown = step.status.last_checkpoint
     shown_step = shown.step if shown is not None else None
@@ -63,9 +65,15 @@ def record_checkpoint(step: Pass) -> None:
         reports.append((observed.saved_checkpoint.time, observed.saved_checkpoint.step))
     for when, number in sorted(reports):  # the newest last: it wins
         when = min(when.replace(microsecond=0), step.now)  # a pod's clock is not ours
-        if number != shown_step and (shown_at is None or when > shown_at):
+        if number != shown_step and _newer(when, number, shown_at, shown_step):
             shown_step, shown_at = number, when
             step.status.last_checkpoint = CheckpointStatus(step=number, time=when.astimezone(UTC))
+
+
+def _newer(when: datetime, number: int, shown_at: datetime | None, shown: int | None) -> bool:
+    if shown_at is None or shown is None:
+        return True
+    return when > shown_at or (when == shown_at and number > shown)
 
 
 def final_progress(step: Pass, gang: list[ObservedPod]) -> None:

@@ -118,6 +118,38 @@ def test_a_job_that_succeeds_shows_its_trainers_last_step_losses_and_checkpoint(
     ProgressStatus.model_validate(status["progress"])  # the schema takes it as written
 
 
+def test_a_final_save_in_the_second_of_the_scrape_that_showed_the_last_one_still_wins() -> None:
+    """Times in the status have whole seconds: a scrape that showed the save of
+    step 20 at 57.1 s and the final save of step 40 at 57.6 s read as the same
+    second. The later save is the larger step (a run saves forward), so it is
+    shown; seen once on a loaded machine as a Succeeded job at checkpoint 20."""
+    shown = running()
+    shown["lastCheckpoint"] = {"step": 20, "time": stamp(57)}
+    master = succeeded_master(REPORT)
+    seen = observed(
+        *gang(**{master.name: master}),
+        progress=EARLY_SCRAPE | {"updateTime": at(57.1).isoformat()},
+        checkpoint_step=20,
+        saved_checkpoint=SavedCheckpoint(40, at(57.6)),
+    )
+    status = plan(job(), seen, at(60), CONFIG, status=shown).status
+    assert status["lastCheckpoint"] == {"step": 40, "time": stamp(57)}
+
+
+def test_an_old_scrape_in_the_second_of_a_later_save_takes_nothing_back() -> None:
+    """The other way round: the old gang's last scrape, still held, showing step
+    20 in the second of the shown save of step 40, changes nothing."""
+    shown = running()
+    shown["lastCheckpoint"] = {"step": 40, "time": stamp(57)}
+    seen = observed(
+        *gang(),
+        progress=EARLY_SCRAPE | {"updateTime": at(57.4).isoformat()},
+        checkpoint_step=20,
+    )
+    status = plan(job(), seen, at(60), CONFIG, status=shown).status
+    assert status["lastCheckpoint"] == {"step": 40, "time": stamp(57)}
+
+
 def test_a_program_that_wrote_no_report_keeps_the_last_scrape_and_says_so() -> None:
     status = finish(None)
     assert status["phase"] == "Succeeded"
