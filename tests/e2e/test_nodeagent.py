@@ -14,6 +14,7 @@ import pytest
 
 from tests.fixtures.e2e import LOCAL_PLACEMENT
 from tests.fixtures.e2e import apply_objects as apply
+from tests.fixtures.poll import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
@@ -46,14 +47,18 @@ def get_pod(cluster: Any, namespace: str, name: str) -> dict[str, Any]:
 def wait_phase(
     cluster: Any, namespace: str, name: str, phases: set[str], timeout: float = 90
 ) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    pod: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        pod = get_pod(cluster, namespace, name)
-        if pod.get("status", {}).get("phase") in phases:
-            return pod
-        time.sleep(0.3)
-    raise AssertionError(f"pod {name} not in {phases} after {timeout}s: {pod.get('status')}")
+    return dict(
+        wait_for(
+            f"pod {name} in {sorted(phases)}",
+            lambda: (
+                (pod := get_pod(cluster, namespace, name)).get("status", {}).get("phase") in phases
+                and pod
+            ),
+            timeout,
+            0.3,
+            explain=lambda: str(get_pod(cluster, namespace, name).get("status")),
+        )
+    )
 
 
 def terminated(pod: dict[str, Any]) -> dict[str, Any]:
@@ -267,13 +272,12 @@ def test_deleting_a_pod_stops_its_processes(cluster, namespace, node_agent):
 
 
 def _wait_log(node_agent, namespace, pod, text, timeout=30):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        logs = node_agent.logs(namespace, pod, "main")
-        if logs and text in logs[-1]:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"{pod} never logged {text!r}: {node_agent.logs(namespace, pod, 'main')}")
+    wait_for(
+        f"{pod} to log {text!r}",
+        lambda: (logs := node_agent.logs(namespace, pod, "main")) and text in logs[-1],
+        timeout,
+        explain=lambda: str(node_agent.logs(namespace, pod, "main")),
+    )
 
 
 def _running_with(marker: str) -> bool:

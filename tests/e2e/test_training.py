@@ -81,14 +81,18 @@ def get_job(cluster: Any, namespace: str, name: str) -> dict[str, Any]:
 def wait_job(
     cluster: Any, namespace: str, name: str, phases: set[str], timeout: float
 ) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    job: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        job = get_job(cluster, namespace, name)
-        if job.get("status", {}).get("phase") in phases:
-            return job
-        time.sleep(1)
-    raise AssertionError(f"job {name} not in {phases} after {timeout}s: {job.get('status')}")
+    return dict(
+        wait_for(
+            f"job {name} in {sorted(phases)}",
+            lambda: (
+                (job := get_job(cluster, namespace, name)).get("status", {}).get("phase") in phases
+                and job
+            ),
+            timeout,
+            1,
+            explain=lambda: str(get_job(cluster, namespace, name).get("status")),
+        )
+    )
 
 
 def events(log: str, kind: str) -> list[dict[str, Any]]:

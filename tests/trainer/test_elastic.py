@@ -153,16 +153,18 @@ def first_to_log(
 ) -> TrainerProcess:
     """The node whose worker is rank 0 (only it logs), once it has logged ``step`` in a
     world of ``world_size``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def logger() -> TrainerProcess | None:
         for node in nodes:
             node.drain()
             for run in restarts(node.events)[-1:]:
                 if run[0]["world_size"] == world_size and max(steps_of(run), default=0) >= step:
                     return node
             assert node.proc.poll() is None, node.stderr[-4000:]
-        time.sleep(0.05)
-    raise AssertionError(f"no node logged step {step} at world size {world_size} in {timeout}s")
+        return None
+
+    what = f"a node to log step {step} at world size {world_size}"
+    return wait_for(what, logger, timeout=timeout, interval=0.05)
 
 
 def assert_tracks(run: dict[int, dict[str, Any]], reference: dict[int, dict[str, Any]]) -> None:

@@ -113,8 +113,8 @@ class Pods:
 
     def wait_for(self, predicate: Any, timeout: float = TIMEOUT) -> dict[str, Any]:
         """The first event not yet read, of any pod, satisfying ``predicate``."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def next_match() -> dict[str, Any] | None:
             for index, pod in enumerate(self.pods):
                 pod.drain()
                 while self.read[index] < len(pod.events):
@@ -122,8 +122,9 @@ class Pods:
                     self.read[index] += 1
                     if predicate(event):
                         return event
-            time.sleep(0.1)
-        raise AssertionError(f"no matching event in {timeout}s")
+            return None
+
+        return dict(wait_for("a matching event", next_match, timeout=timeout, interval=0.1))
 
 
 def test_a_killed_worker_restarts_every_pods_workers_in_place(tmp_path: Path) -> None:
