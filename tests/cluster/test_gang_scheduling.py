@@ -346,8 +346,18 @@ def test_volcano_queue_capacity_holds_a_gang_back_with_volcanos_reason(
     )
     try:
         job_driver.create(namespace, "big", gang_spec(gang_pool, "Volcano", queueName=queue))
-        condition = wait_gang_refused(job_driver, namespace, "big")
-        assert condition["reason"] == "PodGroupPending", condition
+        wait_gang_refused(job_driver, namespace, "big")
+        # The operator may first say the gang waits, before it has read the phase
+        # Volcano gives the PodGroup: the reason this test is about comes next.
+        condition = job_driver.wait_for(
+            "the job to give Volcano's PodGroupPending",
+            lambda: (
+                (found := gang_condition(job_driver, namespace, "big"))
+                and found["reason"] == "PodGroupPending"
+                and found
+            ),
+            60,
+        )
         assert f"not admitted from queue {queue}" in condition["message"], condition
         assert "tasks in gang unschedulable" in condition["message"], condition  # Volcano's
         assert bound(job_driver.pods(namespace, "big")) == []
