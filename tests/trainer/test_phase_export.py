@@ -1,15 +1,15 @@
 """The exported phase says eval during an evaluation and checkpoint during a save.
 
 Two one-process "nodes" (the operator's environment) evaluate and save every
-step. Rank 1 is SIGSTOPped: rank 0 then waits for it in its next collective,
-wherever in the loop that is, while its /metrics thread goes on serving. Once
-two scrapes a second apart agree (rank 0 is held), the phase it exports is
-read; a hold that landed elsewhere is released and taken again. Held in an
-evaluation, rank 0 exports ``eval`` for as long as it waits, with a step that
-stands still, and the operator's own reading of that scrape says eval, which
-its stall judgment never counts as a stall (tests/unit/operator/
-test_policy_health.py, also under stall.action Restart). Held in a save, it
-exports ``checkpoint``.
+step. Rank 1 holds itself as it enters the evaluation (or save) of step 2
+(tests/e2e/hold's barrier): rank 0 goes on into that phase and waits for rank 1
+in its first collective there, while its /metrics thread goes on serving. A
+barrier, not a chance: on any machine, however fast or loaded, rank 0 is held
+inside the phase the test means. Held in an evaluation, rank 0 exports ``eval``
+for as long as it waits, with a step that stands still, and the operator's own
+reading of that scrape says eval, which its stall judgment never counts as a
+stall (tests/unit/operator/test_policy_health.py, also under stall.action
+Restart). Held in a save, it exports ``checkpoint``.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.e2e import HOLD_CODE, Hold
 from tests.fixtures.poll import wait_for
 from tests.trainer import gang
 from tests.trainer.cli_process import TrainerProcess, free_port
@@ -38,9 +39,8 @@ CONFIG["training"] |= {"evalInterval": 1, "evalBatches": 4}
 CONFIG["checkpoint"] |= {"interval": 1, "asyncSave": False}
 CONFIG["metrics"] = {"port": 0}
 TIMEOUT = 120
-# Holds taken until one lands in the wanted phase: each lands in one of a
-# step's three blocking parts (train, eval, save), so a few suffice.
-ATTEMPTS = 40
+# Past the first evaluation and save, which compile and warm up.
+HELD_STEP = 2
 # How long a held phase is watched: a long evaluation, for this tiny model.
 WATCH_SECONDS = 3.0
 
@@ -56,44 +56,42 @@ def phase_and_step(text: str) -> tuple[str | None, float | None]:
     return (scraped.phase if scraped else None), plain.get("torchfleet_train_step")
 
 
-def settled(port: int) -> tuple[str | None, float | None]:
-    """Rank 0's phase and step once two scrapes half a second apart agree."""
-    seen = [phase_and_step(scrape_text(port))]
-
-    def agree() -> bool:
-        time.sleep(0.5)
-        seen.append(phase_and_step(scrape_text(port)))
-        return seen[-1] == seen[-2]
-
-    wait_for("rank 0 waiting for the stopped rank 1", agree, timeout=TIMEOUT, interval=0)
-    return seen[-1]
+def held_env(rank: int, point: str, hold: Hold) -> dict[str, str]:
+    """Rank 1 holds itself at ``point``; rank 0 runs as it is."""
+    if rank == 0:
+        return {}
+    path = [str(HOLD_CODE), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {"PYTHONPATH": ":".join(path), "E2E_HOLD_AT": point, "E2E_HOLD_DIR": str(hold.folder)}
 
 
-def held_in(phase: str, port: int, rank1: int) -> tuple[str | None, float | None]:
-    """Stops rank 1 until rank 0 is found held in ``phase``; rank 1 stays stopped."""
-    for attempt in range(ATTEMPTS):
-        os.kill(rank1, signal.SIGSTOP)
-        held = settled(port)
-        if held[0] == phase:
-            return held
-        os.kill(rank1, signal.SIGCONT)
-        time.sleep(0.01 * (attempt % 7))  # land elsewhere in the loop next time
-    raise AssertionError(f"rank 0 never held in {phase} in {ATTEMPTS} holds")
-
-
-@pytest.mark.parametrize("phase", [contract.PHASE_EVAL, contract.PHASE_CHECKPOINT])
-def test_the_exported_phase_is_the_one_rank_zero_is_held_in(tmp_path: Path, phase: str) -> None:
+@pytest.mark.parametrize(
+    ("phase", "entered"),
+    [(contract.PHASE_EVAL, "before-eval"), (contract.PHASE_CHECKPOINT, "before-save")],
+)
+def test_the_exported_phase_is_the_one_rank_zero_is_held_in(
+    tmp_path: Path, phase: str, entered: str
+) -> None:
     port = free_port()
+    hold = Hold(tmp_path / "hold", 0)
     pods = [
         TrainerProcess(
-            [], gang.pod_env("phase", NODES, rank, port, CONFIG, checkpoint_dir=str(tmp_path))
+            [],
+            gang.pod_env("phase", NODES, rank, port, CONFIG, checkpoint_dir=str(tmp_path / "ckpt"))
+            | held_env(rank, f"{entered}:{HELD_STEP}", hold),
         )
         for rank in range(NODES)
     ]
     try:
         metrics_port = pods[0].wait_for(lambda e: e["event"] == "metrics", timeout=TIMEOUT)["port"]
-        pods[0].wait_for(lambda e: e["event"] == "step" and e["step"] >= 2, timeout=TIMEOUT)
-        held = held_in(phase, metrics_port, pods[1].proc.pid)
+        wait_for(f"rank 1 held {entered} step {HELD_STEP}", hold.held, timeout=TIMEOUT)
+        # Rank 0 is bound to reach the phase, and to stay in it: rank 1 waits.
+        wait_for(
+            f"rank 0 exporting {phase}",
+            lambda: phase_and_step(scrape_text(metrics_port))[0] == phase,
+            timeout=TIMEOUT,
+        )
+        held = phase_and_step(scrape_text(metrics_port))
+        assert held == (phase, HELD_STEP)
         time.sleep(WATCH_SECONDS)
         # Still the same phase and step a long while later: no hang, a phase.
         assert phase_and_step(scrape_text(metrics_port)) == held
@@ -105,3 +103,4 @@ def test_the_exported_phase_is_the_one_rank_zero_is_held_in(tmp_path: Path, phas
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pod.proc.pid, signal.SIGKILL)
             pod.proc.wait()
+        hold.release()

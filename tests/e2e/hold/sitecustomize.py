@@ -4,8 +4,13 @@ A test that injects a fault "after X" (a checkpoint saved, a step logged) puts
 this folder first on its job's PYTHONPATH and names the points in
 ``E2E_HOLD_AT``, a comma-separated list: ``checkpoint:20`` (once the trainer
 has logged the save of step 20 or later), ``step:60`` (once it has logged step
-60 or later). Python imports this module at start-up in every process of the
-pod. In the rank that logs (whose ``log_json`` lines the pod's log carries),
+60 or later), ``before-eval:2`` and ``before-save:2`` (as the trainer enters
+the evaluation or the save of step 2 or later). Python imports this module at
+start-up in every process of the pod. At a ``before-`` point, the pod's trainer
+process waits as it enters the evaluation or save: its peers go on into that
+phase and wait for it in its first collective, so they are held inside the
+phase, not near it (tests/trainer/test_phase_export.py). At a logged point, in
+the rank that logs (whose ``log_json`` lines the pod's log carries),
 right after the line of a point's event, its main thread waits: it writes
 ``held-<i>`` (point i's event, as JSON) into ``E2E_HOLD_DIR`` and waits for the
 test to write ``release-<i>`` there. Its peers wait for it in their next
@@ -28,11 +33,18 @@ from typing import Any
 
 HOLD_AT = "E2E_HOLD_AT"
 HOLD_DIR = "E2E_HOLD_DIR"
-KINDS = ("checkpoint", "step")
+LOGGED = ("checkpoint", "step")
+# Held as the trainer enters one of its methods: kind -> Trainer method, whose
+# first argument is the step.
+ENTERED = {"before-eval": "evaluate", "before-save": "save"}
+KINDS = (*LOGGED, *ENTERED)
 # The trainer's log module and its function log_json(event, **fields), which
 # writes the JSON lines.
 LOG_MODULE = "torchfleet_trainer.metrics"
 LOG_FUNCTION = "log_json"
+# The module and class whose methods ENTERED names.
+TRAIN_MODULE = "torchfleet_trainer.train"
+TRAINER_CLASS = "Trainer"
 
 
 def parse(value: str) -> list[tuple[str, int]]:
@@ -41,7 +53,9 @@ def parse(value: str) -> list[tuple[str, int]]:
     for point in value.split(","):
         kind, _, step = point.strip().partition(":")
         if kind not in KINDS or not step.isdigit():
-            raise ValueError(f"{HOLD_AT}={value!r}: want points like checkpoint:20 or step:60")
+            raise ValueError(
+                f"{HOLD_AT}={value!r}: want points like checkpoint:20, step:60 or before-eval:2"
+            )
         points.append((kind, int(step)))
     return points
 
@@ -76,6 +90,18 @@ def _hold(folder: str, index: int, record: dict[str, Any]) -> None:
         signal.signal(signal.SIGTERM, trainers)
 
 
+def _hold_at_first(
+    points: list[tuple[str, int]], folder: str, event: str, step: Any, fields: dict[str, Any]
+) -> None:
+    """Holds at the first point not yet held that ``event`` at ``step`` reaches."""
+    for index, (kind, at) in enumerate(points):
+        done = os.path.exists(os.path.join(folder, f"held-{index}"))
+        if event == kind and isinstance(step, int) and step >= at and not done:
+            os.makedirs(folder, exist_ok=True)
+            _hold(folder, index, {"event": event, **fields})
+            return
+
+
 def holding(
     log_json: Callable[..., None], points: list[tuple[str, int]], folder: str
 ) -> Callable[..., None]:
@@ -83,19 +109,38 @@ def holding(
 
     def log_json_then_hold(event: str, **fields: Any) -> None:
         log_json(event, **fields)
-        step = fields.get("step")
-        for index, (kind, at) in enumerate(points):
-            done = os.path.exists(os.path.join(folder, f"held-{index}"))
-            if event == kind and isinstance(step, int) and step >= at and not done:
-                os.makedirs(folder, exist_ok=True)
-                _hold(folder, index, {"event": event, **fields})
-                return
+        _hold_at_first(points, folder, event, fields.get("step"), fields)
 
     return log_json_then_hold
 
 
+def held_on_entry(
+    method: Callable[..., Any], kind: str, points: list[tuple[str, int]], folder: str
+) -> Callable[..., Any]:
+    """A Trainer ``method(self, step, ...)`` that first holds at a ``kind`` point."""
+    import functools
+
+    @functools.wraps(method)
+    def hold_then_run(self: Any, step: int, *args: Any, **kwargs: Any) -> Any:
+        _hold_at_first(points, folder, kind, step, {"step": step})
+        return method(self, step, *args, **kwargs)
+
+    return hold_then_run
+
+
+def _wrap(module: Any, points: list[tuple[str, int]], folder: str) -> None:
+    if module.__name__ == LOG_MODULE:
+        log_json = getattr(module, LOG_FUNCTION)
+        setattr(module, LOG_FUNCTION, holding(log_json, points, folder))
+        return
+    trainer = getattr(module, TRAINER_CLASS)
+    for kind, name in ENTERED.items():
+        setattr(trainer, name, held_on_entry(getattr(trainer, name), kind, points, folder))
+
+
 def _install(points: list[tuple[str, int]], folder: str) -> None:
-    """Wraps log_json as soon as its module is loaded, before train.py binds it."""
+    """Wraps log_json as soon as its module is loaded, before train.py binds it,
+    and the Trainer's entered methods as soon as train.py is."""
     import importlib.abc
     import importlib.machinery
     import sys
@@ -110,14 +155,13 @@ def _install(points: list[tuple[str, int]], folder: str) -> None:
 
         def exec_module(self, module: ModuleType) -> None:
             self.inner.exec_module(module)
-            log_json = getattr(module, LOG_FUNCTION)
-            setattr(module, LOG_FUNCTION, holding(log_json, points, folder))
+            _wrap(module, points, folder)
 
     class Finder(importlib.abc.MetaPathFinder):
         def find_spec(
             self, name: str, path: Any, target: ModuleType | None = None
         ) -> importlib.machinery.ModuleSpec | None:
-            if name != LOG_MODULE:
+            if name not in (LOG_MODULE, TRAIN_MODULE):
                 return None
             spec = importlib.machinery.PathFinder.find_spec(name, path)
             if spec is not None and spec.loader is not None:
