@@ -9,9 +9,11 @@ a log line that names the rank and says why.
 
 The stop must land where the tight timeout holds: a save runs under the
 generous one, and a fast machine can reach the next save before an unheld
-stop lands. So the stop is held and checked: once rank 0 waits for the
-stopped rank (two scrapes of its /metrics agree), the phase it exports says
-where; a stop that landed in a save is released and taken again.
+stop lands. So the peer holds itself as it enters the evaluation of step
+SILENT_AT (tests/e2e/hold's barrier), which runs under the tight timeout (only
+the first one is generous); the others go on into it and wait for the peer in
+its collective. The test then SIGSTOPs the held peer and never releases it,
+and checks where rank 0 waits: its exported phase says eval.
 
 A second gang is stopped the same way and its survivors are sent SIGTERM
 while they wait in the collective: Python runs its SIGTERM handler only
@@ -29,6 +31,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.e2e import HOLD_CODE, Hold
 from tests.fixtures.poll import wait_for
 from tests.trainer import gang as gangs
 from tests.trainer.cli_process import TrainerProcess, free_port
@@ -52,22 +55,29 @@ CONFIG["training"]["evalInterval"] = 6
 CONFIG["training"]["evalBatches"] = 1
 CONFIG["checkpoint"]["interval"] = 6
 CONFIG["metrics"] = {"port": 0}  # rank 0's phase says where the stop landed
-# Where a stopped peer leaves rank 0 under the tight timeout: not a save.
-TIGHT_PHASES = (contract.PHASE_TRAIN, contract.PHASE_EVAL)
-ATTEMPTS = 20
+# The second evaluation: under the tight timeout, past the first save.
+SILENT_AT = 12
 
 
-def pod_env(rank: int, master_port: int, checkpoint_dir: Path) -> dict[str, str]:
+def pod_env(rank: int, master_port: int, tmp_path: Path, silent: int, hold: Hold) -> dict[str, str]:
     env = gangs.pod_env(
-        "silent", NODES, rank, master_port, CONFIG, checkpoint_dir=str(checkpoint_dir)
+        "silent", NODES, rank, master_port, CONFIG, checkpoint_dir=str(tmp_path / "ckpt")
     )
-    return env | {contract.COLLECTIVE_TRAIN_TIMEOUT: str(TRAIN_TIMEOUT)}
+    env[contract.COLLECTIVE_TRAIN_TIMEOUT] = str(TRAIN_TIMEOUT)
+    if rank == silent:
+        path = [str(HOLD_CODE), *filter(None, [os.environ.get("PYTHONPATH")])]
+        env |= {"PYTHONPATH": ":".join(path), "E2E_HOLD_AT": f"before-eval:{SILENT_AT}"}
+        env["E2E_HOLD_DIR"] = str(hold.folder)
+    return env
 
 
-def start_gang(checkpoint_dir: Path) -> tuple[list[TrainerProcess], int]:
-    """The gang, once past its first evaluation and save; rank 0's metrics port."""
+def start_gang(tmp_path: Path, silent: int, hold: Hold) -> tuple[list[TrainerProcess], int]:
+    """The gang, once past its first evaluation and save, ``silent`` to hold
+    itself at SILENT_AT; rank 0's metrics port."""
     port = free_port()
-    gang = [TrainerProcess([], pod_env(rank, port, checkpoint_dir)) for rank in range(NODES)]
+    gang = [
+        TrainerProcess([], pod_env(rank, port, tmp_path, silent, hold)) for rank in range(NODES)
+    ]
     metrics_port = gang[0].wait_for(lambda e: e["event"] == "metrics", timeout=120)["port"]
     # Rank 0 logs for the gang: every rank tightens at the same step.
     tightened = gang[0].wait_for(lambda e: e["event"] == "collective_timeout", timeout=120)
@@ -107,18 +117,16 @@ def phase_series(phase: str) -> str:
     return f'{contract.METRIC_PHASE}{{{contract.LABEL_PHASE}="{phase}"}}'
 
 
-def silence(gang: list[TrainerProcess], rank: int, metrics_port: int) -> float:
-    """Stops ``rank`` mid-training, as a machine that went silent, where rank 0
-    then waits for it under the tight timeout; when."""
-    for _ in range(ATTEMPTS):
-        gang[0].wait_for(lambda e: e["event"] == "step", timeout=60)
-        os.killpg(gang[rank].proc.pid, signal.SIGSTOP)
-        stopped = time.monotonic()
-        settled = where_rank_zero_waits(metrics_port)
-        if settled is None or contract.PHASES[int(settled[0])] in TIGHT_PHASES:
-            return stopped
-        os.killpg(gang[rank].proc.pid, signal.SIGCONT)  # landed in a save: again
-    raise AssertionError(f"every one of {ATTEMPTS} stops landed in a save")
+def silence(gang: list[TrainerProcess], rank: int, hold: Hold, metrics_port: int) -> float:
+    """Stops ``rank``, held as it entered the evaluation of SILENT_AT, as a machine
+    that went silent: rank 0 waits for it in the evaluation, under the tight
+    timeout. When the peer stopped answering (it held), by the wall clock."""
+    held = wait_for(f"rank {rank} held at step {SILENT_AT}", hold.held, timeout=120)
+    os.killpg(gang[rank].proc.pid, signal.SIGSTOP)
+    settled = where_rank_zero_waits(metrics_port)
+    if settled is not None:  # else it has already given up on the peer
+        assert settled == (float(contract.PHASES.index(contract.PHASE_EVAL)), SILENT_AT)
+    return float(held["time"])
 
 
 def stop_all(gang: list[TrainerProcess]) -> None:
@@ -131,7 +139,7 @@ def stop_all(gang: list[TrainerProcess]) -> None:
 def assert_failed_within_timeout(survivors: list[TrainerProcess], since: float) -> None:
     for node in survivors:
         code = node.finish(timeout=TRAIN_TIMEOUT + MARGIN)
-        waited = time.monotonic() - since
+        waited = time.time() - since
         assert code == EXIT_COLLECTIVE_FAILED, (code, node.stderr[-3000:])
         assert waited < TRAIN_TIMEOUT + MARGIN, waited
         print(f"survivor exited {code} {waited:.1f}s after the peer went silent")
@@ -140,9 +148,10 @@ def assert_failed_within_timeout(survivors: list[TrainerProcess], since: float) 
 
 
 def test_a_silent_peer_makes_the_others_exit_202_within_the_timeout(tmp_path: Path) -> None:
-    gang, metrics_port = start_gang(tmp_path)
+    hold = Hold(tmp_path / "hold", 0)
+    gang, metrics_port = start_gang(tmp_path, 2, hold)
     try:
-        stopped = silence(gang, 2, metrics_port)
+        stopped = silence(gang, 2, hold, metrics_port)
         assert_failed_within_timeout(gang[:2], stopped)
         for rank, node in enumerate(gang[:2]):  # each names itself
             assert f"rank {rank}/{NODES}" in node.stderr, node.stderr[-3000:]
@@ -153,9 +162,10 @@ def test_a_silent_peer_makes_the_others_exit_202_within_the_timeout(tmp_path: Pa
 def test_sigterm_while_waiting_on_a_silent_peer_is_bounded_by_the_timeout(
     tmp_path: Path,
 ) -> None:
-    gang, metrics_port = start_gang(tmp_path)
+    hold = Hold(tmp_path / "hold", 0)
+    gang, metrics_port = start_gang(tmp_path, 1, hold)
     try:
-        stopped = silence(gang, 1, metrics_port)
+        stopped = silence(gang, 1, hold, metrics_port)
         for node in (gang[0], gang[2]):
             os.killpg(node.proc.pid, signal.SIGTERM)
         assert_failed_within_timeout([gang[0], gang[2]], stopped)
