@@ -7,20 +7,32 @@ last step, its loss and throughput, the last validation loss, and the step
 and time of the last save, which is on the volume. The operator shows these,
 not its last scrape, as the job's final status (tests/unit/operator/
 test_final_status.py; end to end: tests/e2e/test_final_status.py).
+
+A run that fails (here: it diverges, NaNs from step 3 on) leaves the same
+figures, of the last step it ran, and beside them the failed rank's last log
+lines, which the kubelet gives only for an empty message: the operator shows
+them as the failure's message. Alone in its pod (no agent of ours) and under
+the launcher alike.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from tests.fixtures.trainer import REPO_ROOT
 from tests.trainer.cli_process import TrainerProcess, free_port
+from tests.trainer.test_non_finite import CONFIG as DIVERGING
+from tests.trainer.test_non_finite import nan_model
 from tests.trainer.user_models import TINY_LLAMA
 from torchfleet_trainer import contract
 from torchfleet_trainer.checkpoint import MARKER, step_dir
+from torchfleet_trainer.launch import EXIT_DIVERGED
+from torchfleet_trainer.termination import MESSAGE_LIMIT
 
 pytestmark = pytest.mark.trainer
 
@@ -62,3 +74,33 @@ def test_a_completed_run_reports_its_last_step_losses_and_checkpoint(tmp_path: P
         written = datetime.fromisoformat(report[key])
         assert abs((datetime.now(UTC) - written).total_seconds()) < 300
     assert contract.REPORTED_MFU not in report  # no peak is known for a CPU
+
+
+@pytest.mark.parametrize("processes", [1, 2], ids=["alone", "under the launcher"])
+def test_a_failed_run_reports_where_it_stood_and_its_last_lines(
+    tmp_path: Path, processes: int
+) -> None:
+    message = tmp_path / "termination-log"
+    path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    env = {
+        nan_model.NAN_STEPS: ",".join(str(step) for step in range(3, 50)),
+        "PYTHONPATH": path,
+        contract.CHECKPOINT_DIR: str(tmp_path / "ckpt"),  # where the logs are kept
+        contract.MASTER_PORT: str(free_port()),
+        contract.JOB_NAME: "failed-report",
+        contract.TERMINATION_MESSAGE_PATH_ENV: str(message),
+    }
+    args = ["--nproc-per-node", str(processes), *DIVERGING, "training.steps=40"]
+    trainer = TrainerProcess(args, env)
+    assert trainer.finish(timeout=300) == EXIT_DIVERGED, trainer.stderr[-3000:]
+
+    written = message.read_bytes()
+    assert len(written) <= MESSAGE_LIMIT
+    report = json.loads(written)
+    last = trainer.of("step")[-1]
+    assert report[contract.REPORTED_STEP] == last["step"] == 5
+    assert report[contract.SAVED_CHECKPOINT_STEP] == 2  # the NaN steps saved nothing
+    # The failure's own words, as the pod's log ends with them.
+    why = "training.maxNonFiniteSteps: 3 consecutive steps (up to step 5)"
+    assert why in report[contract.REPORTED_LOG_TAIL], report
+    assert why in trainer.stderr

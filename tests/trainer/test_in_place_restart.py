@@ -245,8 +245,15 @@ def test_a_killed_worker_restarts_every_pods_workers_in_place(tmp_path: Path) ->
     assert "counted as this pod's in-place restart" in held_pod.stderr, said
     assert "rendezvous:" not in held_pod.stderr, said
     assert [codes[i] for i in range(NODES)] == expected, (codes, said)
-    # Failed pods' messages are their logs' tails (FallbackToLogsOnError), not the count.
-    assert [m.read_text() for m in messages] == [""] * NODES
+    # The master's message: rank 0's figures, the count, and the last lines its
+    # rank kept in the failed round (the kubelet gives its own tail only for an
+    # empty message). The others' are emptied, for the kubelet's tail.
+    master = json.loads(messages[0].read_text())
+    assert contract.reported_in_place_restarts(master) == (1, contract.RESTART_REASON_WORKER_KILLED)
+    assert master[contract.REPORTED_STEP] >= resumed["step"], master
+    kept = Path(contract.kept_log_file(str(tmp_path), 0, 1, 0)).read_text()
+    assert kept.rstrip().endswith(master[contract.REPORTED_LOG_TAIL].splitlines()[-1]), master
+    assert [m.read_text() for m in messages[1:]] == [""] * (NODES - 1)
     # Each round kept its own logs.
     rounds = {p.name for p in (tmp_path / contract.LOGS_SUBDIR / "gen-0").iterdir()}
     assert rounds == {"round-0", "round-1"}, rounds

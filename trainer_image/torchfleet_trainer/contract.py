@@ -136,9 +136,12 @@ METRIC_CHECKPOINT_SAVE_SECONDS = "torchfleet_checkpoint_save_seconds"
 #   and the step and time of the newest save this gang completed. A job can
 #   end within a scrape interval of its last save and its last steps: these,
 #   not the last scrape, are what the operator's final status shows.
-# A launcher that exits with a failure without a saved preemption empties it,
-# so a crash still gets the log tail the kubelet falls back to
-# (terminationMessagePolicy FallbackToLogsOnError). For example
+# * when it fails, the same figures, and the failed rank's last log lines
+#   (logTail), which the kubelet gives only for an empty message
+#   (terminationMessagePolicy FallbackToLogsOnError); a launcher that has no
+#   such lines to give (no kept logs) empties the message unless it reports a
+#   saved preemption, so a crash still gets the kubelet's log tail.
+# For example
 # {"step": 300, "totalSteps": 300, "loss": 1.4021, "valLoss": 1.5230,
 #  "tokensPerSecond": 10240.5, "mfu": 0.41, "reportTime": "2026-11-26T17:02:04Z",
 #  "checkpointStep": 300, "checkpointTime": "2026-11-26T17:02:03Z",
@@ -156,6 +159,7 @@ REPORTED_VAL_LOSS = "valLoss"
 REPORTED_TOKENS_PER_SECOND = "tokensPerSecond"
 REPORTED_MFU = "mfu"  # 0-1; absent where no peak is known (a CPU)
 REPORTED_TIME = "reportTime"  # when rank 0 wrote its final figures
+REPORTED_LOG_TAIL = "logTail"  # a failed run's last log lines: the failure's message
 
 
 class ContractError(ValueError):

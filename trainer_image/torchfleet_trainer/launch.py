@@ -35,6 +35,7 @@ import os
 import signal
 import sys
 import tempfile
+import traceback
 from collections.abc import Callable, Mapping
 from multiprocessing import forkserver
 from pathlib import Path
@@ -125,7 +126,7 @@ def launch(
         if pod.process is not None:
             largest = largest_world(pod, pod.process.local_world_size)
             config.check_world(pod.process.world_size, largest)
-            return train(config)
+            return train_alone(config, pod)
         processes = processes_per_node or pod.processes_per_node
         if pod.elastic is not None:
             config.check_elastic(pod.elastic.node_counts, processes)
@@ -135,7 +136,7 @@ def launch(
         print(f"torchfleet-train: {err}", file=sys.stderr)
         return EXIT_CONFIG
     if pod.elastic is None and pod.nodes * processes == 1 and pod.in_place_restarts == 0:
-        return train(config)
+        return train_alone(config, pod)
     if pod.elastic is not None:
         launch_config = elastic_launch_config(pod, processes)
     elif pod.in_place_restarts > 0:
@@ -148,9 +149,38 @@ def launch(
         # oversubscribe the node. The workers inherit this; a user's value wins.
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory(prefix="torchfleet-outcomes-") as outcomes:
-        code = run_workers(launch_config, config.model_dump_json(by_alias=True), Path(outcomes))
+        failed: list[int] = []
+        code = run_workers(
+            launch_config, config.model_dump_json(by_alias=True), Path(outcomes), failed
+        )
     if code != 0:
-        termination.keep_only_a_saved_preemption(Path(pod.termination_message_path))
+        root = resolve_checkpoint_dir(config, pod)
+        tail = logtee.kept_tail(root, pod.restart_count, failed[0] if failed else None)
+        preempted = code == EXIT_PREEMPTED
+        termination.after_failure(Path(pod.termination_message_path), tail, preempted)
+    return code
+
+
+def train_alone(config: TrainConfig, pod: PodContract) -> int:
+    """Trains in this process (no agent of ours between it and the pod); after a
+    failure, as launch() does, the figures stay with the failure's last lines:
+    its traceback, or what the kept log says of a failure it exits with."""
+    path = Path(pod.termination_message_path)
+    rank = pod.ranks.rank if pod.ranks else 0
+    if rank != 0:  # under someone else's torchrun: only rank 0 writes figures
+        return train(config)
+    try:
+        code = train(config)
+    except BaseException as err:
+        if isinstance(err, SystemExit) and not err.code:
+            raise
+        text = "".join(traceback.format_exception(err))
+        termination.after_failure(path, text[-logtee.TAIL_BYTES :])
+        raise
+    if code != 0:
+        logtee.finish()  # every line it printed is in the kept log now
+        tail = logtee.kept_tail(resolve_checkpoint_dir(config, pod), pod.restart_count, rank)
+        termination.after_failure(path, tail, code == EXIT_PREEMPTED)
     return code
 
 
@@ -164,16 +194,19 @@ def start_forkserver() -> None:
     forkserver.ensure_running()
 
 
-def run_workers(launch_config: LaunchConfig, config_json: str, outcomes: Path) -> int:
+def run_workers(
+    launch_config: LaunchConfig, config_json: str, outcomes: Path, failed: list[int]
+) -> int:
     """The trainer's workers under the elastic agent, forked from the warm
-    forkserver; the pod's exit code."""
+    forkserver; the pod's exit code. The global rank that failed first, if one
+    did, goes into ``failed``."""
     # Deferred: worker.py imports this module.
     from torchfleet_trainer.worker import run
 
     start_forkserver()
     format_agent_tracebacks_plainly()
     args = (config_json, str(outcomes), os.getpid())
-    return run_children(launch_config, *args, outcomes=outcomes, entrypoint=run)
+    return run_children(launch_config, *args, outcomes=outcomes, entrypoint=run, failed=failed)
 
 
 class _PlainTraceback(logging.Filter):
@@ -256,9 +289,11 @@ def run_children(
     *args: Any,
     outcomes: Path | None = None,
     entrypoint: Callable[..., int] | str = sys.executable,
+    failed: list[int] | None = None,
 ) -> int:
     """Runs ``entrypoint(*args)`` under the elastic agent (a function, or a
-    command: by default ``python *args``); the pod's exit code.
+    command: by default ``python *args``); the pod's exit code. The global rank
+    of the first child to fail goes into ``failed``, when given.
 
     Each worker writes its own exit code into ``outcomes`` (see worker.py):
     when the launcher itself is signalled the agent stops the workers and
@@ -279,6 +314,8 @@ def run_children(
             return permanent
         return preempted_exit_code(outcomes, launch_config.nproc_per_node)
     except ChildFailedError as err:
+        if failed is not None:
+            failed.append(err.get_first_failure()[0])
         return child_failure_exit_code([f.exitcode for f in err.failures.values()], _first(err))
     return 0
 

@@ -51,6 +51,30 @@ def log_path(root: Path, generation: int, round_: int, rank: int) -> Path:
     return Path(contract.kept_log_file(str(root), generation, round_, rank))
 
 
+# A failure's tail, as the kubelet takes one from a container's log.
+TAIL_BYTES = 2048
+TAIL_LINES = 80
+
+
+def kept_tail(root: str | None, generation: int, rank: int | None) -> str | None:
+    """The last lines rank ``rank`` kept in gang ``generation``'s newest round
+    (its failure, for the termination message); None when none were kept."""
+    if root is None or rank is None:
+        return None
+    rounds = Path(root, contract.LOGS_SUBDIR, f"gen-{generation}").glob(f"round-*/rank-{rank}.log")
+    newest = max(rounds, key=lambda path: int(path.parent.name.split("-")[1]), default=None)
+    if newest is None:
+        return None
+    try:
+        with open(newest, "rb") as kept:
+            kept.seek(max(0, kept.seek(0, os.SEEK_END) - TAIL_BYTES))
+            data = kept.read()
+    except OSError:
+        return None
+    lines = data.decode(errors="replace").splitlines()[-TAIL_LINES:]
+    return "\n".join(lines).strip() or None
+
+
 def prune_generations(logs: Path, current: int, keep: int) -> list[Path]:
     """Removes gen-<N> folders older than the newest ``keep`` up to ``current``."""
     removed = []

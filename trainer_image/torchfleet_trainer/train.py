@@ -437,6 +437,12 @@ class Trainer:
             # Every rank stops at the same step; a save in flight holds good weights.
             if self.checkpointer:
                 self.checkpointer.wait()
+            self.leave_final_report()
+            raise
+        except BaseException:
+            # A failed run's figures too: the operator shows them with the
+            # failure, whose last log lines the launcher puts beside them.
+            self.leave_final_report()
             raise
         finally:
             self.train_batches.close()
@@ -458,7 +464,8 @@ class Trainer:
 
     def leave_final_report(self) -> None:
         """Rank 0's final figures in its pod's termination message, where the
-        operator reads them with the pod's end (contract.REPORTED_*)."""
+        operator reads them with the pod's end (contract.REPORTED_*), however
+        the run ended."""
         if not self.runtime.is_logger:
             return
         path = termination.destination(pod_contract())
