@@ -125,7 +125,7 @@ class ObservedPod:
             pod_ip=status.get("podIP"),
             exit_code=exit_code,
             reason=reason,
-            message=_tail(message),
+            message=_tail(_failure_text(message, report)),
             disrupted=status.get("reason") in (r.REASON_EVICTED, r.REASON_PREEMPTED)
             or disruption is not None,
             owner_uid=next(
@@ -176,6 +176,13 @@ def _terminated(container: dict[str, Any]) -> Termination:
         terminated.get("message"),
         parse_time(terminated.get("finishedAt")) or parse_time(terminated.get("startedAt")),
     )
+
+
+def _failure_text(message: str | None, report: dict[str, Any] | None) -> str | None:
+    """What a failure says: the trainer's report carries the failed rank's last
+    log lines (the kubelet gives its own tail only for an empty message)."""
+    tail = (report or {}).get(contract.REPORTED_LOG_TAIL)
+    return tail if isinstance(tail, str) and tail else message
 
 
 def _trainer_phase(status: dict[str, Any]) -> str | None:

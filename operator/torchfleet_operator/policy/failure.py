@@ -39,7 +39,7 @@ from torchfleet_operator.api.v1alpha1 import TrainingJobSpec, TrainingJobStatus
 from torchfleet_operator.build.pods import pod_name_for_rank
 from torchfleet_operator.observed import ObservedPod
 from torchfleet_operator.planning import ChildRef, Pass, Plan
-from torchfleet_operator.policy import finish, kept_logs
+from torchfleet_operator.policy import finish, kept_logs, reporting
 from torchfleet_operator.status import restarts
 from torchfleet_trainer import contract
 
@@ -269,7 +269,7 @@ def on_failure(
             r.REASON_POD_FAILED_PERMANENTLY,
             f"{first.describe()}; not retryable under restartPolicy {policy.restart_policy}",
         )
-        return finish.finished(step, spec)
+        return _failed(step, spec, gang)
     counted = restarts.counted(step.status)
     if not first.disruption and restarts.limit_reached(counted + 1, policy.backoff_limit):
         step.finish(
@@ -279,9 +279,16 @@ def on_failure(
             f"{counted} counted restarts ({step.status.disruptions} disruptions "
             "not counted)",
         )
-        return finish.finished(step, spec)
+        return _failed(step, spec, gang)
     _restart(step, gang, restart, first, policy.backoff_limit)
     return step.finalize()
+
+
+def _failed(step: Pass, spec: TrainingJobSpec, gang: list[ObservedPod]) -> Plan:
+    """The failed job's final progress, in the write that fails it, then finished."""
+    if spec.runs_trainer:
+        reporting.failed_progress(step, gang)
+    return finish.finished(step, spec)
 
 
 def _with_kept_logs(

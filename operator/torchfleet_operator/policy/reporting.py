@@ -1,11 +1,12 @@
 """What a gang reports into the status on every pass: its pod counts, the
 latest scrape of the master's /metrics (status.progress) and the newest
-checkpoint (status.lastCheckpoint); and as the job succeeds, the trainer's
-final report in their place. Pure: the scrape and the report arrive parsed
+checkpoint (status.lastCheckpoint); and as the job succeeds or fails, the
+trainer's final report in their place. Pure: the scrape and the report arrive parsed
 (status/progress.py, observed.py) in the pass's observations."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -76,20 +77,33 @@ def _newer(when: datetime, number: int, shown_at: datetime | None, shown: int | 
     return when > shown_at or (when == shown_at and number > shown)
 
 
-def final_progress(step: Pass, gang: list[ObservedPod]) -> None:
+def final_progress(step: Pass, gang: Iterable[ObservedPod]) -> None:
     """status.progress of a job that succeeded, in the write that says so: its
     master's final report (the last step, loss, validation loss and throughput,
     however soon after the last scrape the run ended); else, for an older
     trainer that wrote none, the last scrape completed (progress_complete)."""
+    if not _from_report(step, gang):
+        progress_complete(step)
+
+
+def failed_progress(step: Pass, gang: Iterable[ObservedPod]) -> None:
+    """status.progress of a job that failed, in the write that says so: its
+    master's report of where the run stood as it failed; else (a trainer
+    that wrote none, a pod lost before its program ended) the last scrape."""
+    _from_report(step, gang)
+
+
+def _from_report(step: Pass, gang: Iterable[ObservedPod]) -> bool:
+    """status.progress from the master's final report; False without one."""
     report = next(
         (p.final_report for p in gang if p.role == MASTER_ROLE and p.final_report is not None),
         None,
     )
     if report is None:
-        progress_complete(step)
-        return
+        return False
     final = progress_status.final(report, _progress(step), step.now)
     step.status.progress = ProgressStatus.model_validate(final)
+    return True
 
 
 def progress_complete(step: Pass) -> None:

@@ -213,3 +213,57 @@ def test_figures_outside_the_schema_are_dropped_not_written() -> None:
     ahead = progress_status.final(FinalReport(40, at(600), 40), None, at(60))
     assert ahead["updateTime"] == stamp(60)
     ProgressStatus.model_validate(shown)
+
+
+FAILED_TAIL = (
+    "Traceback (most recent call last):\n  ...\nRuntimeError: CUDA error: an illegal memory access"
+)
+
+
+def fail(report: dict[str, Any] | None, exit_code: int = 1) -> dict[str, Any]:
+    """The pass that sees the master fail for good (restartPolicy Never; the
+    peers it waited for have had their time), its
+    trainer's message (the figures and the log tail the launcher put there) in it."""
+    manifest = pod_status(report)
+    manifest["status"]["phase"] = "Failed"
+    terminated = manifest["status"]["containerStatuses"][0]["state"]["terminated"]
+    terminated |= {"exitCode": exit_code, "reason": "Error", "finishedAt": stamp(48)}
+    master = ObservedPod.from_manifest(manifest)
+    assert master is not None
+    seen = observed(*gang(**{master.name: master}), progress=EARLY_SCRAPE, checkpoint_step=20)
+    spec = {"runPolicy": {"restartPolicy": "Never"}}
+    return plan(job(**spec), seen, at(60), CONFIG, status=running()).status
+
+
+def test_a_job_that_fails_shows_where_its_trainer_stood_and_its_last_lines() -> None:
+    at_failure = REPORT | {
+        contract.REPORTED_STEP: 23,
+        contract.SAVED_CHECKPOINT_STEP: 20,
+        contract.REPORTED_LOG_TAIL: FAILED_TAIL,
+    }
+    status = fail(at_failure)
+    assert status["phase"] == "Failed"
+    # The same write: the phase, the figures of the step it failed after.
+    progress = status["progress"]
+    assert (progress["step"], progress["source"]) == (23, "TrainerReport")
+    assert (progress["loss"], progress["validationLoss"]) == (2.912, 2.82)
+    assert "etaSeconds" not in progress  # a failed run has no time left
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    # The message is the failure's last lines, not the report's JSON.
+    assert failed["message"].endswith(
+        FAILED_TAIL.splitlines()[-1] + "; not retryable under restartPolicy Never"
+    ), failed
+    assert contract.REPORTED_LOSS not in failed["message"]
+
+
+def test_a_failure_without_a_report_keeps_the_last_scrape_and_the_kubelets_tail() -> None:
+    """An empty message (the launcher had no kept log lines), which the kubelet
+    fills with the log's own tail: the last scrape stays, the tail is the message."""
+    manifest_tail = "RuntimeError: out of patience"
+    status = fail(None)
+    assert status["phase"] == "Failed"
+    assert status["progress"] == EARLY_SCRAPE
+    master = pod_status(None)
+    master["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = manifest_tail
+    found = ObservedPod.from_manifest(master)
+    assert found is not None and found.message == manifest_tail
