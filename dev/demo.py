@@ -40,7 +40,7 @@ from nodeagent import pod as agent_pod  # noqa: E402
 from nodeagent import procs  # noqa: E402
 from prometheus import prom  # noqa: E402
 
-from torchfleet_trainer import procname  # noqa: E402
+from torchfleet_trainer.launcher import procname  # noqa: E402
 
 STATE = Path(os.environ.get("TORCHFLEET_DEMO_DIR", "/tmp/torchfleet-demo"))
 # The cluster `make cluster-up` started (localcluster.py's state directory).

@@ -35,7 +35,7 @@ def pod_processes(pod_uid: str) -> list[PodProcess]:
 
 # Processes that serve a training process rather than train: the pod's init,
 # Python's multiprocessing resource tracker, torchfleet-train's log copier.
-HELPERS = ("podinit.py", "resource_tracker", "torchfleet_trainer.logtee")
+HELPERS = ("podinit.py", "resource_tracker", "torchfleet_trainer.launcher.logtee")
 
 
 def rank_processes(pod_uid: str) -> list[PodProcess]:

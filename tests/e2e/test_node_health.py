@@ -56,7 +56,7 @@ from tests.fixtures.e2e import (
     throttled_node,
 )
 from torchfleet_operator.api import constants
-from torchfleet_trainer import procname
+from torchfleet_trainer.launcher import procname
 
 from nodeagent import procs  # isort: skip  (dev/ is put on the path by the fixtures)
 

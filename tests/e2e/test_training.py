@@ -45,7 +45,7 @@ from tests.fixtures.e2e import (
 from tests.fixtures.operator import free_port
 from tests.fixtures.poll import wait_for
 from torchfleet_operator.api import GROUP, PLURAL, VERSION
-from torchfleet_trainer import procname
+from torchfleet_trainer.launcher import procname
 
 from nodeagent import procs  # isort: skip  (dev/ is put on the path by the fixtures)
 

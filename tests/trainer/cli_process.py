@@ -16,7 +16,7 @@ from queue import Empty, Queue
 from typing import Any
 
 from tests.fixtures.trainer import trainer_env
-from torchfleet_trainer import procname
+from torchfleet_trainer.launcher import procname
 
 
 def free_port() -> int:

@@ -48,10 +48,11 @@ from tests.trainer.cli_process import (
 from tests.trainer.test_shakespeare_metrics import scrape
 from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
 from torchfleet_operator.build.env import exit_code_policy
-from torchfleet_trainer import contract, procname
+from torchfleet_trainer import contract
 from torchfleet_trainer.checkpoint import latest_complete
 from torchfleet_trainer.contract import ExitCodePolicy
-from torchfleet_trainer.launch import EXIT_COLLECTIVE_FAILED
+from torchfleet_trainer.launcher import procname
+from torchfleet_trainer.launcher.launch import EXIT_COLLECTIVE_FAILED
 
 pytestmark = pytest.mark.trainer
 

@@ -21,8 +21,8 @@ import pytest
 from tests.trainer import gang
 from tests.trainer.cli_process import TrainerProcess, free_port
 from torchfleet_trainer import contract
-from torchfleet_trainer.launch import EXIT_COLLECTIVE_FAILED
-from torchfleet_trainer.logtee import keep_logs, log_path
+from torchfleet_trainer.launcher.launch import EXIT_COLLECTIVE_FAILED
+from torchfleet_trainer.launcher.logtee import keep_logs, log_path
 
 pytestmark = pytest.mark.trainer
 
@@ -87,7 +87,7 @@ def copy_through_copier(path: Path, data: bytes, cap: int = 1024) -> bytes:
     err_read, err_write = os.pipe()
     args = [str(path), str(cap), str(out_read), str(err_read), "=== header"]
     copier = subprocess.Popen(
-        [sys.executable, "-m", "torchfleet_trainer.logtee", *args],
+        [sys.executable, "-m", "torchfleet_trainer.launcher.logtee", *args],
         pass_fds=(out_read, err_read),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -11,7 +11,7 @@ import pytest
 from torch.distributed.launcher.api import LaunchConfig
 
 from tests.trainer.cli_process import free_port
-from torchfleet_trainer.launch import (
+from torchfleet_trainer.launcher.launch import (
     EXIT_PREEMPTED,
     EXIT_PREEMPTED_UNSAVED,
     child_failure_exit_code,

@@ -16,14 +16,14 @@ import sys
 import pytest
 
 from tests.fixtures.trainer import REPO_ROOT
-from torchfleet_trainer import procname
+from torchfleet_trainer.launcher import procname
 
 pytestmark = pytest.mark.trainer
 
 # The agent's log of a worker that failed, as MultiprocessContext writes it.
 LOG_A_FAILED_WORKER = """
 import json, sys
-from torchfleet_trainer import launch
+from torchfleet_trainer.launcher import launch
 from torch.distributed.elastic.multiprocessing import api
 launch.format_agent_tracebacks_plainly()
 try:
@@ -55,7 +55,7 @@ def test_a_worker_is_found_by_the_rank_it_named_itself_after() -> None:
             sys.executable,
             "-c",
             "import sys, time\n"
-            "from torchfleet_trainer import procname\n"
+            "from torchfleet_trainer.launcher import procname\n"
             "assert procname.name_this_process(12345)\n"
             "print('named', flush=True)\n"
             "time.sleep(60)\n",

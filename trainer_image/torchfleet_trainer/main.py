@@ -58,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(config.model_dump_json(by_alias=True, indent=2))
         return 0
     # Deferred: pulls in torch.
-    from torchfleet_trainer.launch import launch
+    from torchfleet_trainer.launcher.launch import launch
 
     return launch(config, processes_per_node=args.nproc_per_node)
 

@@ -16,7 +16,7 @@ import pytest
 
 from torchfleet_trainer import contract
 from torchfleet_trainer.config import ConfigError, TrainConfig, load_config, pod_contract
-from torchfleet_trainer.launch import (
+from torchfleet_trainer.launcher.launch import (
     ELASTIC_RDZV_DEFAULTS,
     EXIT_CONFIG,
     elastic_launch_config,

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from torchfleet_trainer import contract, logtee, termination
+from torchfleet_trainer import contract, termination
+from torchfleet_trainer.launcher import logtee
 
 FIGURES = {contract.REPORTED_STEP: 5, contract.REPORTED_TIME: "2026-11-28T12:00:00Z"}
 PREEMPTED = {

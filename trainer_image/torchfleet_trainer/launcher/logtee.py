@@ -3,7 +3,7 @@
 A gang restart deletes the pods and their logs with them, which are the logs
 of the failure users most need to read. ``keep_logs`` (called by each training
 process before torch is imported) puts a pipe under its file descriptors 1
-and 2 and starts ``python -m torchfleet_trainer.logtee``, a small process of
+and 2 and starts ``python -m torchfleet_trainer.launcher.logtee``, a small process of
 its own, that copies each pipe to where it went before (the pod's stdout and
 stderr: a tee, not a redirect) and both into one file:
 
@@ -144,7 +144,7 @@ def keep_logs(
         [
             sys.executable,
             "-m",
-            "torchfleet_trainer.logtee",
+            "torchfleet_trainer.launcher.logtee",
             str(path),
             str(settings.log_max_bytes),
             str(out_read),

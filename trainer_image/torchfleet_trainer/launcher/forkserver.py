@@ -26,8 +26,8 @@ import os
 
 import torch._dynamo  # noqa: F401
 
-import torchfleet_trainer.train
-import torchfleet_trainer.worker  # noqa: F401
+import torchfleet_trainer.launcher.worker
+import torchfleet_trainer.train  # noqa: F401
 
 with contextlib.suppress(PermissionError):  # already a group leader: keep it
     os.setsid()

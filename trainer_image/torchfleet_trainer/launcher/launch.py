@@ -46,7 +46,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from torchfleet_trainer import contract, logtee, lost_peer, termination
+from torchfleet_trainer import contract, termination
 from torchfleet_trainer.config import (
     ConfigError,
     TrainConfig,
@@ -63,7 +63,8 @@ from torchfleet_trainer.contract import (
     in_place_restarts_left,
     rendezvous_configs,
 )
-from torchfleet_trainer.logtee import keep_logs
+from torchfleet_trainer.launcher import logtee, lost_peer
+from torchfleet_trainer.launcher.logtee import keep_logs
 
 EXIT_CONFIG = 2
 # 128 + SIGTERM, as a shell reports a terminated process: the gang was
@@ -96,7 +97,7 @@ EXIT_COLLECTIVE_FAILED = contract.EXIT_COLLECTIVE_FAILED
 # How the agent starts a worker (worker.run): forked from a server that has
 # imported torch and the trainer (forkserver.py), not a new interpreter.
 START_METHOD = "forkserver"
-FORKSERVER_PRELOAD = "torchfleet_trainer.forkserver"
+FORKSERVER_PRELOAD = "torchfleet_trainer.launcher.forkserver"
 
 # The c10d rendezvous's timeouts (seconds) unless PET_RDZV_CONF sets them.
 # A lost node is declared dead after keep_alive_interval x keep_alive_max_attempt
@@ -201,7 +202,7 @@ def run_workers(
     forkserver; the pod's exit code. The global rank that failed first, if one
     did, goes into ``failed``."""
     # Deferred: worker.py imports this module.
-    from torchfleet_trainer.worker import run
+    from torchfleet_trainer.launcher.worker import run
 
     start_forkserver()
     format_agent_tracebacks_plainly()

@@ -35,10 +35,10 @@ import sys
 import traceback
 from pathlib import Path
 
-from torchfleet_trainer import launch, logtee, procname
 from torchfleet_trainer.config import TrainConfig, pod_contract
 from torchfleet_trainer.contract import in_place_round
-from torchfleet_trainer.launch import (
+from torchfleet_trainer.launcher import launch, logtee, procname
+from torchfleet_trainer.launcher.launch import (
     failed_round_reason,
     stop_launcher_if_permanent,
     train,
