@@ -60,6 +60,10 @@ cluster-build: ## build the control plane from Go modules (cached in ~/.cache/to
 realnode-build: ## build the real node (kubelet, containerd, CNI plugins, pause and busybox images), cached
 	dev/realnode/build.sh
 
+.PHONY: test-realnode
+test-realnode: venv cluster-build realnode-build ## the real node's tests (a kubelet and containerd on the local cluster; not yet in make test)
+	TORCHFLEET_REAL_NODE=1 $(PY) -m pytest tests/e2e/test_real_node.py
+
 .PHONY: kueue-build
 kueue-build: ## build Kueue (default pinned in dev/cluster/kueue/versions.env) from its Go module, cached
 	dev/cluster/kueue/build.sh

@@ -171,6 +171,10 @@ class LocalCluster:
         return getattr(module, name.capitalize())(self)
 
     def down(self, quiet: bool = False) -> None:
+        # A real node first (dev/realnode): its containers, shims and mounts go
+        # with containerd, and stopping only its pid files would orphan them.
+        if (self.root / "realnode").exists():
+            load_realnode().RealNode(self).down(quiet)
         for addon in ADDONS:
             if self._pid(addon) is not None:
                 self.addon(addon).down(quiet)
@@ -263,6 +267,9 @@ class LocalCluster:
             "--default-not-ready-toleration-seconds=10",
             "--default-unreachable-toleration-seconds=10",
             "--profiling=false",
+            # As kubeadm sets it: a real node's name (dev/realnode) does not
+            # resolve here, its InternalIP does (logs, exec).
+            "--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname",
             f"--audit-policy-file={self.root / 'audit-policy.json'}",
             f"--audit-log-path={self.audit_log}",
             "--audit-log-format=json",
@@ -530,6 +537,18 @@ def load_addon(name: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def load_realnode() -> ModuleType:
+    """dev/realnode/realnode.py (a kubelet and containerd joined to a cluster)."""
+    if "realnode" not in sys.modules:
+        path = REPO / "dev/realnode/realnode.py"
+        spec = importlib.util.spec_from_file_location("realnode", path)
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["realnode"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["realnode"]
 
 
 # What the audit log keeps, at Metadata level (who, verb, object, when; no
