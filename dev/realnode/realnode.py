@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -43,6 +44,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +57,12 @@ CRI_NAMESPACE = "k8s.io"
 CAP_SYS_RESOURCE = 24  # linux/capability.h
 # The host sysctls a kubelet sets for itself when it starts (without
 # protectKernelDefaults, which would instead refuse to start unless they are
-# already so). This machine is shared: down() puts back what up() found.
+# already so). These machines are shared: the last node down puts back
+# what the first one up found.
+# Machine-wide (tmpfs, gone with the boot that the values belong to): the
+# values found before the first of this machine's real nodes started, and the
+# nodes running.
+SYSCTL_STATE = Path("/run/torchfleet-realnode")
 KUBELET_SYSCTLS = (
     "vm/overcommit_memory",
     "vm/panic_on_oom",
@@ -115,8 +122,7 @@ class RealNode:
         wait(self.socket.exists, "containerd's socket", 60)
         for image in ("pause.tar", "busybox.tar"):
             self.ctr(built, "images", "import", "--no-unpack", str(built / image))
-        self._save_sysctls()
-        self.cluster._start("kubelet", self._kubelet_args(), str(built / "kubelet"))
+        self._start_kubelet(built)
         wait(self._ready_or_dead, f"node {NODE_NAME} Ready", 120)
         if self.cluster._pid("kubelet") is None:
             raise self._cluster_module().ClusterError(
@@ -214,18 +220,32 @@ class RealNode:
                             raise
                         time.sleep(0.1)
 
-    def _save_sysctls(self) -> None:
-        saved = self.root / "sysctls.json"
-        if not saved.exists():  # a node restarted keeps the first values
-            values = {k: (Path("/proc/sys") / k).read_text().strip() for k in KUBELET_SYSCTLS}
-            saved.write_text(json.dumps(values))
+    def _start_kubelet(self, built: Path) -> None:
+        """Starts the kubelet, having recorded the host's sysctls if it is the
+        first real node on this machine, and counts it among those running
+        (all under the lock, so no node going down meanwhile misses it)."""
+        with _sysctl_lock():
+            saved = SYSCTL_STATE / "sysctls.json"
+            if not saved.exists():
+                values = {k: (Path("/proc/sys") / k).read_text().strip() for k in KUBELET_SYSCTLS}
+                saved.write_text(json.dumps(values))
+            self.cluster._start("kubelet", self._kubelet_args(), str(built / "kubelet"))
+            (SYSCTL_STATE / "nodes" / self.bridge).write_text(str(self.cluster.run / "kubelet.pid"))
 
     def _restore_sysctls(self) -> None:
-        saved = self.root / "sysctls.json"
-        if saved.exists():
-            for key, value in json.loads(saved.read_text()).items():
-                (Path("/proc/sys") / key).write_text(value)
-            saved.unlink()
+        """Puts the recorded values back once no other real node's kubelet
+        runs (one still running keeps what it set)."""
+        with _sysctl_lock():
+            (SYSCTL_STATE / "nodes" / self.bridge).unlink(missing_ok=True)
+            for other in (SYSCTL_STATE / "nodes").iterdir():
+                if _pid_file_alive(Path(other.read_text())):
+                    return
+                other.unlink()
+            saved = SYSCTL_STATE / "sysctls.json"
+            if saved.exists():
+                for key, value in json.loads(saved.read_text()).items():
+                    (Path("/proc/sys") / key).write_text(value)
+                saved.unlink()
 
     def _stop(self, name: str, quiet: bool) -> None:
         pid = self.cluster._pid(name)
@@ -442,6 +462,22 @@ def _host_ip() -> str:
         except OSError as e:
             raise RuntimeError(f"the real node needs a non-loopback IPv4 address: {e}") from e
         return str(probe.getsockname()[0])
+
+
+@contextlib.contextmanager
+def _sysctl_lock() -> Iterator[None]:
+    (SYSCTL_STATE / "nodes").mkdir(parents=True, exist_ok=True)
+    with open(SYSCTL_STATE / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _pid_file_alive(path: Path) -> bool:
+    try:
+        os.kill(int(path.read_text()), 0)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def _has_capability(bit: int) -> bool:
