@@ -49,8 +49,8 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from tests.fixtures.cluster import Cluster  # noqa: E402
 from tests.fixtures.operator import apply_crd, fake_node, launch  # noqa: E402
 from torchfleet_operator.api.v1alpha1 import TrainingJob  # noqa: E402
-from torchfleet_operator.build.pods import build_pod  # noqa: E402
-from torchfleet_operator.build.service import headless_service  # noqa: E402
+from torchfleet_operator.desired.pods import build_pod  # noqa: E402
+from torchfleet_operator.desired.service import headless_service  # noqa: E402
 from torchfleet_operator.kube import RawApi, make_api_client  # noqa: E402
 
 PODS_PER_NODE = 500

@@ -22,9 +22,9 @@ from typing import Any
 
 from torchfleet_operator import metrics
 from torchfleet_operator.api.parse import read_status
-from torchfleet_operator.build.names import checkpoint_claim_name
-from torchfleet_operator.build.workload import KUEUE_API, WORKLOAD_CRD, workload_priority_class
 from torchfleet_operator.config import OperatorConfig
+from torchfleet_operator.desired.names import checkpoint_claim_name
+from torchfleet_operator.desired.workload import KUEUE_API, WORKLOAD_CRD, workload_priority_class
 from torchfleet_operator.informer import PodInformer
 from torchfleet_operator.kube import ExecutionResult, Executor, RawApi
 from torchfleet_operator.leader import LeaderElector

@@ -17,15 +17,15 @@ from typing import Any
 import kopf
 
 from torchfleet_operator.api.constants import GROUP, PLURAL, VERSION
-from torchfleet_operator.build.labels import JOB_NAME_LABEL
-from torchfleet_operator.build.podgroup import NATIVE_API
-from torchfleet_operator.build.workload import (
+from torchfleet_operator.controller import Controller, cached_job
+from torchfleet_operator.desired.labels import JOB_NAME_LABEL
+from torchfleet_operator.desired.podgroup import NATIVE_API
+from torchfleet_operator.desired.workload import (
     KUEUE_GROUP,
     WORKLOAD_CRD,
     preferred_api_version,
     served_versions,
 )
-from torchfleet_operator.controller import Controller, cached_job
 from torchfleet_operator.metrics import JobKey
 from torchfleet_operator.observed import Flavor, ObservedNode, ObservedPodGroup, ObservedWorkload
 

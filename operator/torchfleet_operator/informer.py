@@ -31,7 +31,7 @@ from typing import Any
 import orjson
 
 from torchfleet_operator import metrics
-from torchfleet_operator.build.labels import JOB_NAME_LABEL
+from torchfleet_operator.desired.labels import JOB_NAME_LABEL
 from torchfleet_operator.kube import RawApi
 from torchfleet_operator.metrics import JobKey
 from torchfleet_operator.observed import ObservedPod, SavedCheckpoint, saved_checkpoint

@@ -39,7 +39,7 @@ from kubernetes.client.exceptions import ApiException
 
 from torchfleet_operator import metrics
 from torchfleet_operator.api.constants import API_VERSION, GROUP, KIND, PLURAL, VERSION
-from torchfleet_operator.build.labels import NODE_RANK_LABEL
+from torchfleet_operator.desired.labels import NODE_RANK_LABEL
 from torchfleet_operator.planning import ChildRef, EventSpec, Plan, WorkloadPatch
 
 log = logging.getLogger(__name__)

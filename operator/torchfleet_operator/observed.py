@@ -16,8 +16,8 @@ from typing import Any
 
 from torchfleet_operator.api import reasons as r
 from torchfleet_operator.api.constants import TRAINER_CONTAINER_NAME
-from torchfleet_operator.build.labels import NODE_RANK_LABEL, RESTART_LABEL, ROLE_LABEL
-from torchfleet_operator.build.workload import KUEUE_API
+from torchfleet_operator.desired.labels import NODE_RANK_LABEL, RESTART_LABEL, ROLE_LABEL
+from torchfleet_operator.desired.workload import KUEUE_API
 from torchfleet_trainer import contract
 
 # A termination message (with FallbackToLogsOnError: the log's tail) is cut to

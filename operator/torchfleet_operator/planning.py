@@ -30,8 +30,8 @@ from torchfleet_operator.api.v1alpha1 import (
     TimeAccounting,
     TrainingJobStatus,
 )
-from torchfleet_operator.build.names import MASTER_ROLE
 from torchfleet_operator.config import OperatorConfig
+from torchfleet_operator.desired.names import MASTER_ROLE
 from torchfleet_operator.observed import Observed, ObservedPod, parse_time, timestamp
 from torchfleet_operator.status import conditions as cond
 from torchfleet_operator.status import goodput, restarts

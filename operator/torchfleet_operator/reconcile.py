@@ -34,8 +34,8 @@ from typing import Any
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.api.parse import InvalidSpecError, parse_training_job
 from torchfleet_operator.api.v1alpha1 import TrainingJob, TrainingJobSpec
-from torchfleet_operator.build import names
 from torchfleet_operator.config import OperatorConfig
+from torchfleet_operator.desired import names
 from torchfleet_operator.observed import Observed, ObservedPod
 from torchfleet_operator.planning import FINISHED, Pass, Plan
 from torchfleet_operator.policy import (

@@ -26,7 +26,7 @@ import pytest
 
 from tests.cluster.test_node_health import exported
 from tests.fixtures.scripted_metrics import scraped_again, scraping_env
-from torchfleet_operator.build.names import pod_name_for_rank
+from torchfleet_operator.desired.names import pod_name_for_rank
 from torchfleet_trainer import contract as k
 
 pytestmark = pytest.mark.cluster

@@ -15,7 +15,7 @@ import pytest
 
 from tests.fixtures.operator import ON_FAKE_NODES
 from tests.fixtures.operator import kwok_job_spec as spec
-from torchfleet_operator.build.labels import (
+from torchfleet_operator.desired.labels import (
     JOB_NAME_LABEL,
     NODE_RANK_LABEL,
     RESTART_LABEL,

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.fixtures.scripted_metrics import GANG_WORKERS, scraped_again
-from torchfleet_operator.build.names import pod_name_for_rank
+from torchfleet_operator.desired.names import pod_name_for_rank
 from torchfleet_trainer import contract as k
 
 pytestmark = pytest.mark.cluster

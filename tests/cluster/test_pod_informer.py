@@ -11,7 +11,7 @@ from typing import Any
 from tests.fixtures.poll import async_wait_for
 from torchfleet_operator import informer as informer_module
 from torchfleet_operator import metrics
-from torchfleet_operator.build.labels import (
+from torchfleet_operator.desired.labels import (
     JOB_NAME_LABEL,
     NODE_RANK_LABEL,
     RESTART_LABEL,

@@ -34,8 +34,8 @@ from tests.e2e.test_training import failure_report, get_job, load_example, pod_u
 from tests.fixtures.e2e import HOLD_FOLDER, Hold, apply_objects
 from tests.fixtures.poll import wait_for
 from torchfleet_operator.api.v1alpha1 import TrainingJob
-from torchfleet_operator.build import hostfile
-from torchfleet_operator.build.pods import build_pod
+from torchfleet_operator.desired import hostfile
+from torchfleet_operator.desired.pods import build_pod
 
 from nodeagent import procs  # isort: skip  (dev/ is put on the path by the fixtures)
 

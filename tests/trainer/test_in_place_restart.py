@@ -47,7 +47,7 @@ from tests.trainer.cli_process import (
 )
 from tests.trainer.test_shakespeare_metrics import scrape
 from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
-from torchfleet_operator.build.env import exit_code_policy
+from torchfleet_operator.desired.env import exit_code_policy
 from torchfleet_trainer import contract
 from torchfleet_trainer.checkpoint import latest_complete
 from torchfleet_trainer.contract import ExitCodePolicy

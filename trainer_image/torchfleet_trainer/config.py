@@ -724,7 +724,7 @@ def load_config(
     """The config from a YAML/JSON file, else the operator's rendered config, plus overrides.
 
     The operator has already written the job's checkpoint cadence into the
-    rendered config (``build/env.py``); nothing here merges env into it."""
+    rendered config (``desired/env.py``); nothing here merges env into it."""
     raw: Any
     if path is not None:
         try:

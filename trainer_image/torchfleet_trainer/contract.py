@@ -82,7 +82,7 @@ RESTART_COUNT = "TORCHFLEET_RESTART_COUNT"
 CHECKPOINT_DIR = "TORCHFLEET_CHECKPOINT_DIR"
 # spec.checkpoint.intervalSteps / keepLast, for scripts the user brings; for
 # torchfleet-train the operator writes them into TRAIN_CONFIG instead, where
-# they win over spec.trainer.checkpoint (build/env.py decides that, once).
+# they win over spec.trainer.checkpoint (desired/env.py decides that, once).
 CHECKPOINT_INTERVAL = "TORCHFLEET_CHECKPOINT_INTERVAL"
 CHECKPOINT_KEEP = "TORCHFLEET_CHECKPOINT_KEEP"
 METRICS_PORT = "TORCHFLEET_METRICS_PORT"

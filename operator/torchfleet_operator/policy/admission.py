@@ -34,7 +34,7 @@ from typing import Any
 from torchfleet_operator.api import reasons as r
 from torchfleet_operator.api.constants import KUEUE_QUEUE_LABEL
 from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
-from torchfleet_operator.build.workload import KUEUE_API
+from torchfleet_operator.desired.workload import KUEUE_API
 from torchfleet_operator.observed import Flavor, ObservedWorkload
 
 # What Kueue's TAS reads on a pod: the topology annotations make it a TAS pod

@@ -23,7 +23,7 @@ from typing import Any
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.api import reasons as r
 from torchfleet_operator.api.v1alpha1 import ElasticStatus, TrainingJobSpec
-from torchfleet_operator.build import names
+from torchfleet_operator.desired import names
 from torchfleet_operator.observed import ObservedPod
 from torchfleet_operator.planning import Pass
 from torchfleet_operator.policy.failure import Failure

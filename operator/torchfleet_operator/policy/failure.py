@@ -36,7 +36,7 @@ from datetime import datetime
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.api import reasons as r
 from torchfleet_operator.api.v1alpha1 import TrainingJobSpec, TrainingJobStatus
-from torchfleet_operator.build.pods import pod_name_for_rank
+from torchfleet_operator.desired.pods import pod_name_for_rank
 from torchfleet_operator.observed import ObservedPod
 from torchfleet_operator.planning import ChildRef, Pass, Plan
 from torchfleet_operator.policy import finish, kept_logs, reporting

@@ -14,8 +14,8 @@ from typing import Any
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.api import reasons as r
 from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
-from torchfleet_operator.build import names, podgroup, pvc, service
-from torchfleet_operator.build.pods import build_pod, pod_name_for_rank
+from torchfleet_operator.desired import names, podgroup, pvc, service
+from torchfleet_operator.desired.pods import build_pod, pod_name_for_rank
 from torchfleet_operator.observed import ObservedPod
 from torchfleet_operator.planning import Pass
 from torchfleet_operator.policy import elastic

@@ -21,7 +21,7 @@ gang's phase; this policy reads them from the master's scrape
 
 Under ``stragglers.action: Replace`` a slow node (straggler or preflight) is
 added to ``status.health.avoidedNodes`` (the job's next pods carry a node
-affinity that keeps them off it: build/pods.py) and the gang restarts, as a
+affinity that keeps them off it: desired/pods.py) and the gang restarts, as a
 disruption: the node, not the program, is at fault. A disruption counts
 toward no limit, so Replace has its own, ``stragglers.maxReplacements`` over
 the job's life (``status.health.replacements``): once spent, a slow node is only
@@ -40,7 +40,7 @@ from torchfleet_operator.api import constants as c
 from torchfleet_operator.api import reasons as r
 from torchfleet_operator.api.parse import wire
 from torchfleet_operator.api.v1alpha1 import HealthStatus, TrainingJobSpec
-from torchfleet_operator.build.names import MASTER_ROLE
+from torchfleet_operator.desired.names import MASTER_ROLE
 from torchfleet_operator.observed import GangHealth, NodeFigures, ObservedPod, parse_time, timestamp
 from torchfleet_operator.planning import Pass
 from torchfleet_operator.policy import reporting

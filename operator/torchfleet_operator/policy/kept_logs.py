@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from torchfleet_operator.api.v1alpha1 import TrainingJobSpec, trainer_and_sidecars
-from torchfleet_operator.build.pods import template_for
+from torchfleet_operator.desired.pods import template_for
 from torchfleet_trainer import contract
 
 

@@ -18,9 +18,9 @@ from torchfleet_operator.api import constants as c
 from torchfleet_operator.api import reasons as r
 from torchfleet_operator.api.constants import KUEUE_PRIORITY_CLASS_LABEL
 from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
-from torchfleet_operator.build import names
-from torchfleet_operator.build import workload as workload_builder
-from torchfleet_operator.build.labels import NODE_RANK_LABEL, ROLE_LABEL
+from torchfleet_operator.desired import names
+from torchfleet_operator.desired import workload as workload_builder
+from torchfleet_operator.desired.labels import NODE_RANK_LABEL, ROLE_LABEL
 from torchfleet_operator.observed import KueueView, ObservedPod, ObservedWorkload
 from torchfleet_operator.planning import Pass, WorkloadPatch
 from torchfleet_operator.policy import admission

@@ -14,7 +14,7 @@ from torchfleet_operator.api import constants as c
 from torchfleet_operator.api import reasons as r
 from torchfleet_operator.api.parse import wire
 from torchfleet_operator.api.v1alpha1 import CheckpointStatus, ProgressStatus, ReplicaStatuses
-from torchfleet_operator.build.names import MASTER_ROLE
+from torchfleet_operator.desired.names import MASTER_ROLE
 from torchfleet_operator.observed import ObservedPod, parse_time, timestamp
 from torchfleet_operator.planning import Pass
 from torchfleet_operator.status import progress as progress_status

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.api import reasons as r
 from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
-from torchfleet_operator.build.names import MASTER_ROLE
+from torchfleet_operator.desired.names import MASTER_ROLE
 from torchfleet_operator.observed import ObservedPod
 from torchfleet_operator.planning import Pass
 from torchfleet_operator.policy import reporting

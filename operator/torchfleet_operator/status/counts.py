@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from torchfleet_operator.build.names import MASTER_ROLE, WORKER_ROLE
+from torchfleet_operator.desired.names import MASTER_ROLE, WORKER_ROLE
 from torchfleet_operator.observed import ObservedPod
 
 

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from torchfleet_operator.api import reasons as r
-from torchfleet_operator.build import security
+from torchfleet_operator.desired import security
 from torchfleet_operator.observed import timestamp
 from torchfleet_operator.status import conditions as cond
 

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from tests.fixtures.helm import CI_VALUES, Helm, find_object, find_objects
 from torchfleet_operator import metrics as operator_metrics
 from torchfleet_operator.api.parse import parse_spec
-from torchfleet_operator.build.pods import build_pod
+from torchfleet_operator.desired.pods import build_pod
 from torchfleet_trainer.metrics import TrainMetrics
 
 MONITORING = CI_VALUES / "monitoring-values.yaml"

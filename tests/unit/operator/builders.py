@@ -12,8 +12,8 @@ from pydantic import ValidationError
 
 from torchfleet_operator.api.parse import parse_training_job, status_wire
 from torchfleet_operator.api.v1alpha1 import TrainingJobSpec, TrainingJobStatus
-from torchfleet_operator.build.pods import pod_name_for_rank
 from torchfleet_operator.config import OperatorConfig
+from torchfleet_operator.desired.pods import pod_name_for_rank
 from torchfleet_operator.observed import Observed, ObservedPod
 from torchfleet_operator.planning import Pass, Plan
 

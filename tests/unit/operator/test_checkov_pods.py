@@ -9,8 +9,8 @@ import yaml
 
 from tests.fixtures.checkov import assert_explained, load_skips, scan, write_documents
 from torchfleet_operator.api.v1alpha1 import TrainingJob
-from torchfleet_operator.build.pods import build_pod
 from torchfleet_operator.config import DEFAULT_TRAINER_IMAGE
+from torchfleet_operator.desired.pods import build_pod
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 NAMESPACE = "team"

@@ -1,4 +1,4 @@
-"""The gang's hostfile (build/hostfile.py): its lines and order for fixed,
+"""The gang's hostfile (desired/hostfile.py): its lines and order for fixed,
 elastic (resized) and restarted gangs, and how each pod gets it. The script the
 init container runs is run for real in tests/e2e/test_deepspeed.py."""
 
@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from torchfleet_operator.api.v1alpha1 import TrainingJob
-from torchfleet_operator.build import hostfile
-from torchfleet_operator.build.pods import build_pod
+from torchfleet_operator.desired import hostfile
+from torchfleet_operator.desired.pods import build_pod
 from torchfleet_trainer import contract
 
 from .builders import job, literal_env

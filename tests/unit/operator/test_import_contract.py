@@ -1,13 +1,13 @@
 """The operator's layering, checked over every import of the package.
 
-The pure layer (api/ build/ policy/ status/, observed.py, planning.py,
+The pure layer (api/ desired/ policy/ status/, observed.py, planning.py,
 reconcile.py, config.py) takes plain data and returns plain data: it imports
 no Kubernetes client, no kopf, no HTTP client and none of the modules that
 talk to the cluster. And no module imports, however indirectly, one that
 imports it back: each name has one home and the layers have one direction.
 
 The layers are ordered, lowest first: api (with config, the settings) <
-build (what the operator wants to exist) < observed (what it saw) < status <
+desired (what the operator wants to exist) < observed (what it saw) < status <
 planning < policy < reconcile < the shell. A module imports its own layer or
 one below it, never one above: a name two layers share lives in the lower.
 
@@ -26,7 +26,7 @@ from tests.import_graph import ImportGraph, Layers, imports, layer_of
 
 PACKAGE = "torchfleet_operator"
 ROOT = Path(torchfleet_operator.__file__).parent
-PURE = ("api", "build", "policy", "status", "observed", "planning", "reconcile", "config")
+PURE = ("api", "desired", "policy", "status", "observed", "planning", "reconcile", "config")
 # Third-party modules that reach the cluster or the network.
 FORBIDDEN_THIRD_PARTY = ("kopf", "kubernetes", "aiohttp", "urllib3", "orjson")
 # The operator's own modules that run the API calls, the loop and the process.
@@ -45,7 +45,7 @@ SHELL = (
 # in exactly one (the package's own __init__, which imports nothing, is the root).
 LAYERS: Layers = (
     ("api", ("", "api", "config")),
-    ("build", ("build",)),
+    ("desired", ("desired",)),
     ("observed", ("observed",)),
     ("status", ("status",)),
     ("planning", ("planning",)),

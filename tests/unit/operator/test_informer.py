@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from torchfleet_operator.build.labels import (
+from torchfleet_operator.desired.labels import (
     JOB_NAME_LABEL,
     NODE_RANK_LABEL,
     RESTART_LABEL,

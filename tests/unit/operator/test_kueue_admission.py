@@ -1,5 +1,5 @@
 """Kueue: the Workload a queued job asks with, and what each Workload state
-makes the planner do (build/workload.py, policy/admission.py, policy/kueue.py)."""
+makes the planner do (desired/workload.py, policy/admission.py, policy/kueue.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from torchfleet_operator.api.parse import parse_training_job
-from torchfleet_operator.build import workload as wl
+from torchfleet_operator.desired import workload as wl
 from torchfleet_operator.observed import Flavor, KueueView, ObservedWorkload
 from torchfleet_operator.policy import admission
 from torchfleet_operator.reconcile import plan

@@ -1,7 +1,7 @@
 """Kueue: the Workload over the job's life while it waits: the
 WorkloadPriorityClass its label names, spec.suspend as the Workload's
 spec.active, and a new Workload when the job's PodSets change before admission
-(build/workload.py, policy/kueue.py)."""
+(desired/workload.py, policy/kueue.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from torchfleet_operator.build import workload as wl
+from torchfleet_operator.desired import workload as wl
 from torchfleet_operator.observed import KueueView
 from torchfleet_operator.reconcile import plan
 from torchfleet_operator.status.conditions import find

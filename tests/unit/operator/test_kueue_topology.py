@@ -1,5 +1,5 @@
 """Kueue's topology-aware scheduling (TAS): spec.scheduling.topology as the
-PodSets' topologyRequest (build/workload.py), and a TAS admission's
+PodSets' topologyRequest (desired/workload.py), and a TAS admission's
 topologyAssignment as each pod's domain (policy/admission.py, policy/kueue.py)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from torchfleet_operator.build import workload as wl
+from torchfleet_operator.desired import workload as wl
 from torchfleet_operator.observed import ObservedWorkload
 from torchfleet_operator.policy import admission
 from torchfleet_operator.reconcile import plan

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from torchfleet_operator.api.v1alpha1 import TrainingJob
-from torchfleet_operator.build import podgroup
-from torchfleet_operator.build.pods import build_pod
+from torchfleet_operator.desired import podgroup
+from torchfleet_operator.desired.pods import build_pod
 from torchfleet_operator.observed import ObservedPod, ObservedPodGroup, current_pod_group
 from torchfleet_operator.reconcile import plan
 from torchfleet_operator.status.conditions import find

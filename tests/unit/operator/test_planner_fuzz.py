@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from torchfleet_operator.api.parse import InvalidSpecError, parse_training_job
-from torchfleet_operator.build.labels import (
+from torchfleet_operator.desired.labels import (
     JOB_NAME_LABEL,
     NODE_RANK_LABEL,
     RESTART_LABEL,

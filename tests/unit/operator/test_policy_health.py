@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from torchfleet_operator.api import constants as c
-from torchfleet_operator.build.pods import build_pod
+from torchfleet_operator.desired.pods import build_pod
 from torchfleet_operator.observed import GangHealth, NodeFigures
 from torchfleet_operator.policy import health
 from torchfleet_operator.reconcile import plan

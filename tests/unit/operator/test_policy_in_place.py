@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from torchfleet_operator.build.env import contract_env
+from torchfleet_operator.desired.env import contract_env
 from torchfleet_operator.observed import GangHealth
 from torchfleet_operator.reconcile import plan
 from torchfleet_operator.status import goodput as gp

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from torchfleet_operator.build import names
+from torchfleet_operator.desired import names
 from torchfleet_operator.observed import Observed
 from torchfleet_operator.reconcile import plan
 from torchfleet_operator.status.conditions import find

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from torchfleet_operator.api.parse import InvalidSpecError, parse_training_job
-from torchfleet_operator.build.pods import build_pod
+from torchfleet_operator.desired.pods import build_pod
 from torchfleet_operator.observed import ObservedPod
 from torchfleet_operator.reconcile import plan
 from torchfleet_operator.status.conditions import find

@@ -143,7 +143,7 @@ def test_cli_refuses_bad_config_with_exit_2(capsys) -> None:
 
 def test_trainer_takes_the_rendered_config_as_is_and_merges_no_env() -> None:
     # spec.checkpoint's precedence is the operator's to decide when it renders
-    # the config (tests/unit/operator/test_build.py); the trainer adds nothing.
+    # the config (tests/unit/operator/test_desired.py); the trainer adds nothing.
     inline = json.dumps({"checkpoint": {"interval": 50, "keepLast": 5}})
     env = {
         contract.TRAIN_CONFIG: inline,

@@ -1,5 +1,5 @@
 """What torch writes at run time lands on the training pod's scratch volume (an
-emptyDir over /tmp, build/security.py) when the root filesystem is read-only:
+emptyDir over /tmp, desired/security.py) when the root filesystem is read-only:
 TorchInductor's cache, the Triton kernels it compiles and torchelastic's logs
 all default to /tmp, or go where the operator's variables point."""
 
@@ -12,7 +12,7 @@ import pytest
 from torch._inductor.runtime.cache_dir_utils import default_cache_dir, triton_cache_dir
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 
-from torchfleet_operator.build import security
+from torchfleet_operator.desired import security
 
 SCRATCH = Path(security.SCRATCH_PATH)
 

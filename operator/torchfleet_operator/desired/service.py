@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchfleet_operator.build import labels, names
+from torchfleet_operator.desired import labels, names
 from torchfleet_trainer import contract
 
 

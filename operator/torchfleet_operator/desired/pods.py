@@ -16,10 +16,10 @@ from torchfleet_operator.api.constants import (
     TRAINER_CONTAINER_NAME,
 )
 from torchfleet_operator.api.v1alpha1 import PodTemplate, TrainingJobSpec, trainer_and_sidecars
-from torchfleet_operator.build import env as pod_env
-from torchfleet_operator.build import hostfile, labels, names, podgroup, security
-from torchfleet_operator.build.names import pod_name_for_rank
-from torchfleet_operator.build.resources import container_resources
+from torchfleet_operator.desired import env as pod_env
+from torchfleet_operator.desired import hostfile, labels, names, podgroup, security
+from torchfleet_operator.desired.names import pod_name_for_rank
+from torchfleet_operator.desired.resources import container_resources
 from torchfleet_trainer import contract
 
 SHM_VOLUME = "dshm"

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from torchfleet_operator.api.v1alpha1 import TrainingJob
-from torchfleet_operator.build import podgroup, security, service
-from torchfleet_operator.build.pods import build_pod
+from torchfleet_operator.desired import podgroup, security, service
+from torchfleet_operator.desired.pods import build_pod
 from torchfleet_trainer.config import load_config
 from torchfleet_trainer.contract import PodContract
 

@@ -52,8 +52,8 @@ from torchfleet_operator.api.constants import (
     KUEUE_QUEUE_LABEL,
 )
 from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
-from torchfleet_operator.build import labels, names
-from torchfleet_operator.build.pods import build_pod
+from torchfleet_operator.desired import labels, names
+from torchfleet_operator.desired.pods import build_pod
 
 KUEUE_GROUP = "kueue.x-k8s.io"
 WORKLOAD_CRD = f"workloads.{KUEUE_GROUP}"

@@ -1,6 +1,6 @@
 """The trainer container's resources from spec.resources and spec.network:
-what the pod asks for (build/pods.py) and what its PodGroup counts
-(build/podgroup.py)."""
+what the pod asks for (desired/pods.py) and what its PodGroup counts
+(desired/podgroup.py)."""
 
 from __future__ import annotations
 

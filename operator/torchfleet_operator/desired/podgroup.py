@@ -25,8 +25,8 @@ from typing import Any
 
 from torchfleet_operator.api.constants import GROUP, KIND
 from torchfleet_operator.api.v1alpha1 import TrainingJobSpec, trainer_and_sidecars
-from torchfleet_operator.build import labels, names
-from torchfleet_operator.build.resources import container_resources
+from torchfleet_operator.desired import labels, names
+from torchfleet_operator.desired.resources import container_resources
 
 COSCHEDULING_API = "scheduling.x-k8s.io/v1alpha1"
 VOLCANO_API = "scheduling.volcano.sh/v1beta1"

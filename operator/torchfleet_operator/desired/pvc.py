@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from torchfleet_operator.api.v1alpha1 import ClaimTemplate
-from torchfleet_operator.build import labels, names
+from torchfleet_operator.desired import labels, names
 
 
 def checkpoint_claim(job: str, namespace: str, uid: str, template: ClaimTemplate) -> dict[str, Any]:

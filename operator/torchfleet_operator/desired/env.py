@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from torchfleet_operator.api.v1alpha1 import NetworkSpec, TrainingJobSpec
-from torchfleet_operator.build import hostfile, names
+from torchfleet_operator.desired import hostfile, names
 from torchfleet_trainer import contract
 from torchfleet_trainer.contract import ElasticRendezvous, PodContract
 

@@ -32,7 +32,7 @@ import posixpath
 from typing import Any
 
 from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
-from torchfleet_operator.build import names
+from torchfleet_operator.desired import names
 from torchfleet_trainer import contract
 
 VOLUME = "hostfile"
