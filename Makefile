@@ -61,8 +61,8 @@ realnode-build: ## build the real node (kubelet, containerd, CNI plugins, pause 
 	dev/realnode/build.sh
 
 .PHONY: test-realnode
-test-realnode: venv cluster-build realnode-build ## the real node's tests (a kubelet and containerd on the local cluster; not yet in make test)
-	TORCHFLEET_REAL_NODE=1 $(PY) -m pytest tests/e2e/test_real_node.py
+test-realnode: venv cluster-build realnode-build ## the real node's tests alone (a kubelet and containerd on the local cluster)
+	$(PY) -m pytest tests/e2e/test_real_node.py
 
 .PHONY: kueue-build
 kueue-build: ## build Kueue (default pinned in dev/cluster/kueue/versions.env) from its Go module, cached
@@ -124,7 +124,7 @@ docs: venv ## the docs site, built strictly (a warning fails it) into .site/; th
 	DISABLE_MKDOCS_2_WARNING=true NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 .PHONY: test
-test: venv checkov deps deepspeed-ops cluster-build kueue-build schedulers-build prometheus-build lint typecheck verify docs ## everything: set-up, lint, types, docs, every test tier
+test: venv checkov deps deepspeed-ops cluster-build realnode-build kueue-build schedulers-build prometheus-build lint typecheck verify docs ## everything: set-up, lint, types, docs, every test tier
 	PY=$(PY) dev/test-tiers.sh
 
 .PHONY: test-quick
