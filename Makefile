@@ -118,6 +118,7 @@ typecheck: venv ## mypy over both packages and the e2e harness
 	$(VENV)/bin/mypy
 	$(VENV)/bin/mypy dev/nodeagent dev/demo.py dev/docs
 	$(VENV)/bin/mypy dev/prometheus/prom.py
+	$(VENV)/bin/mypy dev/realnode/realnode.py
 
 .PHONY: docs
 docs: venv ## the docs site, built strictly (a warning fails it) into .site/; the API reference generated from the models
