@@ -45,7 +45,7 @@ from tests.trainer.cli_process import TrainerProcess, free_port, pending_signals
 from tests.trainer.test_strategies import GRAD_NORM_REL_TOL, LOSS_TOL, base, learnable_tokens
 from torchfleet_trainer import contract
 from torchfleet_trainer.checkpoint import MARKER, step_dir
-from torchfleet_trainer.launcher.launch import EXIT_PREEMPTED
+from torchfleet_trainer.launcher.outcomes import EXIT_PREEMPTED
 
 pytestmark = pytest.mark.trainer
 

@@ -21,7 +21,7 @@ from tests.trainer import gang, nan_model
 from tests.trainer.cli_process import TrainerProcess, free_port
 from tests.trainer.test_non_finite import CONFIG
 from torchfleet_trainer import contract
-from torchfleet_trainer.launcher.launch import EXIT_DIVERGED
+from torchfleet_trainer.launcher.outcomes import EXIT_DIVERGED
 
 pytestmark = pytest.mark.trainer
 

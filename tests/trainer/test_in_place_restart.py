@@ -52,7 +52,7 @@ from torchfleet_trainer import contract
 from torchfleet_trainer.checkpoint import latest_complete
 from torchfleet_trainer.contract import ExitCodePolicy
 from torchfleet_trainer.launcher import procname
-from torchfleet_trainer.launcher.launch import EXIT_COLLECTIVE_FAILED
+from torchfleet_trainer.launcher.outcomes import EXIT_COLLECTIVE_FAILED
 
 pytestmark = pytest.mark.trainer
 

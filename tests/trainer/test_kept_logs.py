@@ -21,8 +21,8 @@ import pytest
 from tests.trainer import gang
 from tests.trainer.cli_process import TrainerProcess, free_port
 from torchfleet_trainer import contract
-from torchfleet_trainer.launcher.launch import EXIT_COLLECTIVE_FAILED
 from torchfleet_trainer.launcher.logtee import keep_logs, log_path
+from torchfleet_trainer.launcher.outcomes import EXIT_COLLECTIVE_FAILED
 
 pytestmark = pytest.mark.trainer
 

@@ -11,12 +11,11 @@ import pytest
 from torch.distributed.launcher.api import LaunchConfig
 
 from tests.trainer.cli_process import free_port
-from torchfleet_trainer.launcher.launch import (
+from torchfleet_trainer.launcher.launch import child_failure_exit_code, run_children
+from torchfleet_trainer.launcher.outcomes import (
     EXIT_PREEMPTED,
     EXIT_PREEMPTED_UNSAVED,
-    child_failure_exit_code,
     preempted_exit_code,
-    run_children,
     write_outcome,
 )
 

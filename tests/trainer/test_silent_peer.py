@@ -37,7 +37,7 @@ from tests.trainer import gang as gangs
 from tests.trainer.cli_process import TrainerProcess, free_port
 from tests.trainer.test_shakespeare_metrics import scrape
 from torchfleet_trainer import contract
-from torchfleet_trainer.launcher.launch import EXIT_COLLECTIVE_FAILED
+from torchfleet_trainer.launcher.outcomes import EXIT_COLLECTIVE_FAILED
 
 pytestmark = pytest.mark.trainer
 

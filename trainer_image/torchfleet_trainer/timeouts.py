@@ -21,7 +21,7 @@ one still finishing work allowed under the long one), and again after a save
 before going back to the tight value.
 
 gloo raises the timeout in the waiting rank as a RuntimeError ("Timed out
-waiting ...ms"); launcher/launch.py turns that into exit code 202. NCCL enforces the
+waiting ...ms"); launcher/in_process.py turns that into exit code 202. NCCL enforces the
 same per-group value in its watchdog thread, and with
 ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` at 1 (what torch's elastic agent gives its
 workers unless set) or torch's default 3, the watchdog takes the process down

@@ -14,7 +14,8 @@ from torchfleet_trainer import contract
 from torchfleet_trainer.checkpoint import MARKER, latest_complete, prune, step_dir
 from torchfleet_trainer.config import ConfigError, DataConfig, TrainConfig, load_config
 from torchfleet_trainer.data import BatchSampler, load_char_corpus, load_corpus
-from torchfleet_trainer.launcher.launch import EXIT_CONFIG, launch
+from torchfleet_trainer.launcher.launch import launch
+from torchfleet_trainer.launcher.outcomes import EXIT_CONFIG
 from torchfleet_trainer.schedule import lr_at
 
 

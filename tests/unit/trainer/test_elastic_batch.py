@@ -16,12 +16,8 @@ import pytest
 
 from torchfleet_trainer import contract
 from torchfleet_trainer.config import ConfigError, TrainConfig, load_config, pod_contract
-from torchfleet_trainer.launcher.launch import (
-    ELASTIC_RDZV_DEFAULTS,
-    EXIT_CONFIG,
-    elastic_launch_config,
-    launch,
-)
+from torchfleet_trainer.launcher.launch import ELASTIC_RDZV_DEFAULTS, elastic_launch_config, launch
+from torchfleet_trainer.launcher.outcomes import EXIT_CONFIG
 
 
 def config(*overrides: str) -> TrainConfig:

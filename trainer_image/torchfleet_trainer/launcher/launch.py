@@ -25,6 +25,9 @@ Whenever the agent runs, its workers are forked from a forkserver the launcher
 starts first, with torch and the trainer already imported (forkserver.py,
 worker.py): a new round's workers start in milliseconds, not the seconds of
 imports every one of them would pay at once in a fresh interpreter.
+
+What the exit codes mean and the workers' outcome reports are outcomes.py's;
+training in a process, this one or a worker, is in_process.py's.
 """
 
 from __future__ import annotations
@@ -32,21 +35,20 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-import signal
 import sys
 import tempfile
 import traceback
 from collections.abc import Callable, Mapping
 from multiprocessing import forkserver
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from torchfleet_trainer import contract, termination
+from torchfleet_trainer import termination
 from torchfleet_trainer.config import (
     ConfigError,
     TrainConfig,
@@ -60,43 +62,23 @@ from torchfleet_trainer.contract import (
     ElasticRendezvous,
     ExitCodePolicy,
     PodContract,
-    in_place_restarts_left,
     rendezvous_configs,
 )
-from torchfleet_trainer.launcher import logtee, lost_peer
-from torchfleet_trainer.launcher.logtee import keep_logs
-
-EXIT_CONFIG = 2
-# 128 + SIGTERM, as a shell reports a terminated process: the gang was
-# preempted and a checkpoint of the step it stopped at was saved (not success).
-EXIT_PREEMPTED = 143
-# Stopped on SIGTERM without saving: no checkpoint directory, checkpoints
-# disabled or saveOnSigterm off, or a worker that died before it could save.
-# Above every 128 + signal code (Linux has 64 signals) so it is never read as
-# one, and >= 128 so the operator's ExitCode policy retries it as the
-# disruption it is; the new gang starts from the last checkpoint, if any.
-EXIT_PREEMPTED_UNSAVED = 200
-# Each worker's exit code, in the launcher's temporary directory (worker.py).
-# Named by the agent's round (torchelastic's restart count) and local rank:
-# round-<R>.rank-<local>.exit. The next round's workers read the failed round's
-# to say why it failed; a stopped launcher reads the newest round's.
-OUTCOME_GLOB = "round-*.rank-*.exit"
-# Too many consecutive non-finite steps (training.maxNonFiniteSteps): a
-# permanent failure under the operator's ExitCode policy.
-EXIT_DIVERGED = 3
-# A collective of the preflight check failed or timed out (preflight.enabled):
-# the pod contract's, since the operator names it in the Preflight condition.
-EXIT_PREFLIGHT_FAILED = contract.EXIT_PREFLIGHT_FAILED
-# A collective timed out waiting on a peer, or lost one (its connection reset):
-# the gang, not this rank, is broken (timeouts.py sets the timeout). >= 128 so
-# the operator's ExitCode policy retries it; the next gang or in-place round
-# resumes from the last checkpoint. Each rank that sees it logs one line naming
-# itself, the timeout and torch's message.
-EXIT_COLLECTIVE_FAILED = contract.EXIT_COLLECTIVE_FAILED
+from torchfleet_trainer.launcher import logtee, lost_peer, worker
+from torchfleet_trainer.launcher.in_process import train
+from torchfleet_trainer.launcher.outcomes import (
+    EXIT_COLLECTIVE_FAILED,
+    EXIT_CONFIG,
+    EXIT_PREEMPTED,
+    EXIT_PREEMPTED_UNSAVED,
+    permanent_failure,
+    preempted_exit_code,
+)
 
 # How the agent starts a worker (worker.run): forked from a server that has
 # imported torch and the trainer (forkserver.py), not a new interpreter.
 START_METHOD = "forkserver"
+
 FORKSERVER_PRELOAD = "torchfleet_trainer.launcher.forkserver"
 
 # The c10d rendezvous's timeouts (seconds) unless PET_RDZV_CONF sets them.
@@ -201,13 +183,12 @@ def run_workers(
     """The trainer's workers under the elastic agent, forked from the warm
     forkserver; the pod's exit code. The global rank that failed first, if one
     did, goes into ``failed``."""
-    # Deferred: worker.py imports this module.
-    from torchfleet_trainer.launcher.worker import run
-
     start_forkserver()
     format_agent_tracebacks_plainly()
     args = (config_json, str(outcomes), os.getpid())
-    return run_children(launch_config, *args, outcomes=outcomes, entrypoint=run, failed=failed)
+    return run_children(
+        launch_config, *args, outcomes=outcomes, entrypoint=worker.run, failed=failed
+    )
 
 
 class _PlainTraceback(logging.Filter):
@@ -321,95 +302,6 @@ def run_children(
     return 0
 
 
-def preempted_exit_code(outcomes: Path | None, workers: int) -> int:
-    """143 only when every one of this pod's ``workers`` reported a saved
-    checkpoint; a worker with no report was stopped before it could save."""
-    rounds = {_round_of(path) for path in outcomes.glob(OUTCOME_GLOB)} if outcomes else set()
-    codes = list(round_outcomes(outcomes, max(rounds)).values()) if outcomes and rounds else []
-    if len(codes) == workers and all(code == EXIT_PREEMPTED for code in codes):
-        return EXIT_PREEMPTED
-    return EXIT_PREEMPTED_UNSAVED
-
-
-def permanent_failure(outcomes: Path) -> int | None:
-    """A code the run policy does not retry among the newest round's reports: a
-    worker that exited with it stopped this launcher (stop_launcher_if_permanent)."""
-    rounds = {_round_of(path) for path in outcomes.glob(OUTCOME_GLOB)}
-    if not rounds:
-        return None
-    policy = ExitCodePolicy.from_env()
-    for code in round_outcomes(outcomes, max(rounds)).values():
-        if code not in (None, 0, EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED) and not policy.retries(
-            code
-        ):
-            return code
-    return None
-
-
-def stop_launcher_if_permanent(code: int, launcher_pid: int) -> None:
-    """In a worker its agent would restart after a failure: when the run policy
-    does not retry ``code``, stop the launcher (SIGTERM: its agent stops the
-    other workers, it exits with this code) rather than retry in place what the
-    operator would not retry as a gang."""
-    if code in (0, EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED) or in_place_restarts_left() <= 0:
-        return
-    policy = ExitCodePolicy.from_env()
-    if policy.retries(code):
-        return
-    print(
-        f"torchfleet-train: exit code {code} is permanent under restartPolicy "
-        f"{policy.restart_policy}: stopping the launcher instead of restarting in place",
-        file=sys.stderr,
-        flush=True,
-    )
-    os.kill(launcher_pid, signal.SIGTERM)
-
-
-def write_outcome(outcomes: Path, local_rank: int, code: int, round_: int = 0) -> None:
-    # By local rank: an elastic job's global ranks change from round to round.
-    (outcomes / f"round-{round_}.rank-{local_rank}.exit").write_text(str(code))
-
-
-def round_outcomes(outcomes: Path, round_: int) -> dict[int, int | None]:
-    """The codes this pod's workers of ``round_`` reported, by local rank."""
-    found = {}
-    for path in outcomes.glob(f"round-{round_}.rank-*.exit"):
-        local = path.name.removesuffix(".exit").rpartition("rank-")[2]
-        found[int(local)] = _read_code(path)
-    return found
-
-
-def _round_of(path: Path) -> int:
-    return int(path.name.split(".", 1)[0].removeprefix("round-"))
-
-
-def failed_round_reason(outcomes: Path, round_: int, workers: int) -> str | None:
-    """Why this pod's workers of the failed ``round_`` ended, as far as they could
-    say (one of contract.RESTART_REASONS): a worker that left no report died by a
-    signal or crashed; one that lost its peer says so; any other code is the
-    program's own failure."""
-    codes = round_outcomes(outcomes, round_)
-    if len(codes) < workers or None in codes.values():
-        return contract.RESTART_REASON_WORKER_KILLED
-    if any(code not in (0, EXIT_COLLECTIVE_FAILED) for code in codes.values()):
-        return contract.RESTART_REASON_WORKER_FAILED
-    if EXIT_COLLECTIVE_FAILED in codes.values():
-        return contract.RESTART_REASON_PEER_LOST
-    return None
-
-
-# Set by worker.py: reports this worker's exit code for its launcher, also on a
-# path that leaves through os._exit.
-report_exit: Callable[[int], None] = lambda code: None  # noqa: E731
-
-
-def _read_code(path: Path) -> int | None:
-    try:
-        return int(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def _first(err: ChildFailedError) -> int:
     _, failure = err.get_first_failure()
     return int(failure.exitcode)
@@ -433,53 +325,3 @@ def child_failure_exit_code(codes: list[int], first: int) -> int:
 
 def _shell_code(code: int) -> int:
     return 128 - code if code < 0 else code
-
-
-def train(config: TrainConfig, restart_reason: str | None = None) -> int:
-    """Trains in this process (its output kept on the checkpoint volume too); the
-    exit code its outcome calls for. ``restart_reason``: why this pod's workers of
-    the previous in-place round failed (worker.py's), None in the first."""
-    pod = pod_contract()
-    rank = pod.ranks.rank if pod.ranks else 0
-    keep_logs(resolve_checkpoint_dir(config, pod), rank, recovery_settings())
-    # Deferred: a launcher whose workers train never needs the training stack
-    # (seconds of imports, paid again by every elastic agent before it joins).
-    from torchfleet_trainer.preflight import PreflightFailed
-    from torchfleet_trainer.timeouts import is_peer_failure
-    from torchfleet_trainer.train import TrainingDiverged, run_worker
-
-    try:
-        return exit_code(run_worker(config, restart_reason).status)
-    except TrainingDiverged as err:
-        print(f"torchfleet-train: {err}", file=sys.stderr)
-        return EXIT_DIVERGED
-    except PreflightFailed as err:
-        print(f"torchfleet-train: preflight: {err}", file=sys.stderr)
-        return EXIT_PREFLIGHT_FAILED
-    except Exception as err:
-        if not is_peer_failure(err):
-            raise
-        exit_on_peer_failure(err)
-
-
-def exit_on_peer_failure(err: BaseException) -> NoReturn:
-    """Logs which rank lost its gang and how, then exits 202 at once: threads
-    still waiting on the gang (an async save's, the batch prefetcher's) would
-    hold an orderly exit up, and nothing they hold is worth keeping."""
-    ranks = pod_contract().process
-    who = f"rank {ranks.rank}/{ranks.world_size}" if ranks else "this process"
-    first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    print(
-        f"torchfleet-train: {who}: a collective failed waiting on a peer that is silent "
-        f"or gone ({first_line}); exiting {EXIT_COLLECTIVE_FAILED} (retryable)",
-        file=sys.stderr,
-        flush=True,
-    )
-    report_exit(EXIT_COLLECTIVE_FAILED)
-    logtee.finish()
-    os._exit(EXIT_COLLECTIVE_FAILED)
-
-
-def exit_code(status: str) -> int:
-    codes = {"preempted": EXIT_PREEMPTED, "preempted_unsaved": EXIT_PREEMPTED_UNSAVED}
-    return codes.get(status, 0)

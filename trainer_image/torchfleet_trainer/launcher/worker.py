@@ -37,11 +37,10 @@ from pathlib import Path
 
 from torchfleet_trainer.config import TrainConfig, pod_contract
 from torchfleet_trainer.contract import in_place_round
-from torchfleet_trainer.launcher import launch, logtee, procname
-from torchfleet_trainer.launcher.launch import (
+from torchfleet_trainer.launcher import in_process, logtee, procname
+from torchfleet_trainer.launcher.outcomes import (
     failed_round_reason,
     stop_launcher_if_permanent,
-    train,
     write_outcome,
 )
 
@@ -69,9 +68,9 @@ def train_and_report(config: TrainConfig, outcomes: Path) -> int:
     def report(code: int) -> None:
         write_outcome(outcomes, pod.local_rank, code, round_)
 
-    launch.report_exit = report
+    in_process.report_exit = report
     try:
-        code = train(config, reason)
+        code = in_process.train(config, reason)
     except SystemExit as exit_:
         code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
     except BaseException:
