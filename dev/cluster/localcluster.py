@@ -270,6 +270,9 @@ class LocalCluster:
             # As kubeadm sets it: a real node's name (dev/realnode) does not
             # resolve here, its InternalIP does (logs, exec).
             "--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname",
+            # Its identity towards a real kubelet, which admits only the CA's.
+            f"--kubelet-client-certificate={p / 'admin.crt'}",
+            f"--kubelet-client-key={p / 'admin.key'}",
             f"--audit-policy-file={self.root / 'audit-policy.json'}",
             f"--audit-log-path={self.audit_log}",
             "--audit-log-format=json",

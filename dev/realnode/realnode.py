@@ -381,7 +381,14 @@ state = "{r}/containerd-state"
             "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1",
             "healthzPort": self.healthz_port,
-            "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
+            # It listens on a non-loopback address: only clients with a
+            # certificate of the cluster's CA (the API server, for logs and
+            # exec) get in, and those are trusted as the cluster's admins.
+            "authentication": {
+                "anonymous": {"enabled": False},
+                "webhook": {"enabled": False},
+                "x509": {"clientCAFile": str(self.cluster.pki / "ca.crt")},
+            },
             "authorization": {"mode": "AlwaysAllow"},
             "failSwapOn": False,
             "podLogsDir": str(self.root / "pod-logs"),
