@@ -68,10 +68,8 @@ def bound(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def refused(pod: dict[str, Any]) -> bool:
     """The scheduler looked at the pod and could not place it."""
-    return any(
-        c["type"] == "PodScheduled" and c["status"] == "False"
-        for c in (pod.get("status") or {}).get("conditions") or []
-    )
+    scheduled = find((pod.get("status") or {}).get("conditions"), "PodScheduled")
+    return scheduled is not None and scheduled["status"] == "False"
 
 
 def gang_condition(job_driver: Any, namespace: str, name: str) -> dict[str, Any] | None:

@@ -27,6 +27,7 @@ import pytest
 from tests.cluster.test_node_health import exported
 from tests.fixtures.scripted_metrics import scraped_again, scraping_env
 from torchfleet_operator.desired.names import pod_name_for_rank
+from torchfleet_operator.status.conditions import find
 from torchfleet_trainer import contract as k
 
 pytestmark = pytest.mark.cluster
@@ -157,7 +158,7 @@ def test_in_place_restarts_count_once_survive_an_operator_restart_and_fall_back_
         "the job failed",
         lambda: (s := job_driver.status(namespace, JOB)).get("phase") == "Failed" and s,
     )
-    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    failed = find(status["conditions"], "Failed")
     assert failed["reason"] == "BackoffLimitExceeded", failed
     assert "4 counted restarts of backoffLimit 3" in failed["message"], failed
     assert in_place(status)["total"] == 3 and status["countedRestarts"] == 4, status

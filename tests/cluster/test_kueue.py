@@ -22,6 +22,7 @@ from tests.fixtures.kueue import (
     workloads,
 )
 from tests.fixtures.operator import kwok_job_spec
+from torchfleet_operator.status.conditions import is_true
 
 pytestmark = pytest.mark.cluster
 
@@ -97,10 +98,9 @@ def test_quota_admits_two_of_three_and_the_third_runs_when_the_first_finishes(
     job_driver.wait_for(
         "the first job's Workload Finished",
         lambda: any(
-            c["type"] == "Finished" and c["status"] == "True"
+            is_true(w["status"].get("conditions"), "Finished")
             for w in workloads(job_driver, namespace)
             if w["metadata"]["labels"]["torchfleet.dev/job-name"] == "first"
-            for c in w["status"].get("conditions", [])
         ),
     )
     job_driver.wait_running_pods(namespace, "third", 1, timeout=90)

@@ -17,6 +17,7 @@ import pytest
 
 from tests.fixtures.cluster import Cluster
 from tests.fixtures.poll import wait_for
+from torchfleet_operator.status.conditions import find
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).parents[2]
@@ -140,8 +141,8 @@ def spare_node(cluster: Cluster) -> Any:
 
 
 def node_ready(cluster: Cluster, name: str) -> str | None:
-    conditions = cluster.get_json("node", name).get("status", {}).get("conditions", [])
-    return next((c["status"] for c in conditions if c["type"] == "Ready"), None)
+    ready = find(cluster.get_json("node", name).get("status", {}).get("conditions"), "Ready")
+    return ready["status"] if ready else None
 
 
 def test_on_demand_node_not_ready(cluster: Cluster, spare_node: str) -> None:

@@ -21,6 +21,7 @@ from torchfleet_operator.desired.labels import (
     RESTART_LABEL,
     ROLE_LABEL,
 )
+from torchfleet_operator.status.conditions import find
 
 pytestmark = pytest.mark.cluster
 
@@ -67,10 +68,10 @@ def _volume_for(cluster: Any, request: Any, namespace: str, claim: str) -> None:
 
 def _conflict(job_driver: Any, namespace: str, job: str) -> dict[str, Any]:
     def found() -> dict[str, Any] | None:
-        for condition in job_driver.status(namespace, job).get("conditions", []):
-            if condition["type"] == "ChildrenRejected" and condition["reason"] == "NameConflict":
-                return condition if condition["status"] == "True" else None
-        return None
+        condition = find(job_driver.status(namespace, job).get("conditions"), "ChildrenRejected")
+        if condition is None or condition["reason"] != "NameConflict":
+            return None
+        return condition if condition["status"] == "True" else None
 
     return job_driver.wait_for(f"a NameConflict on {job}", found)
 

@@ -17,6 +17,7 @@ import pytest
 
 from tests.fixtures.scripted_metrics import GANG_WORKERS, scraped_again
 from torchfleet_operator.desired.names import pod_name_for_rank
+from torchfleet_operator.status.conditions import find
 from torchfleet_trainer import contract as k
 
 pytestmark = pytest.mark.cluster
@@ -61,7 +62,7 @@ def health_of(job_driver, namespace: str, job: str) -> dict[str, Any]:
 
 
 def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
-    return next((c for c in status.get("conditions") or () if c["type"] == type_), {})
+    return find(status.get("conditions"), type_) or {}
 
 
 def test_a_slow_node_is_named_after_its_windows_and_replaced(job_driver, namespace, scripted_gang):

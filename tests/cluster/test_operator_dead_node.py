@@ -66,7 +66,7 @@ def dead_nodes(cluster: Any) -> Iterator[DeadNodes]:
 
 def created_condition(job_driver: Any, namespace: str) -> dict[str, Any]:
     status = job_driver.status(namespace, "llm")
-    return next((c for c in status.get("conditions", []) if c["type"] == "Created"), {})
+    return find(status.get("conditions"), "Created") or {}
 
 
 def test_a_gang_stalled_by_a_dead_node_is_recreated_after_the_force_delete_grace(

@@ -13,6 +13,7 @@ import pytest
 from tests.fixtures.cluster import wait_crd_established
 from tests.fixtures.operator import fake_node
 from tests.fixtures.operator import kwok_job_spec as spec
+from torchfleet_operator.status.conditions import find
 
 pytestmark = pytest.mark.cluster
 
@@ -174,7 +175,7 @@ def test_node_not_ready_loses_its_pods_and_restarts_the_gang(
         lambda: (s := job_driver.status(namespace, "llm")).get("restartCount", 0) >= 1 and s,
         timeout=60,
     )
-    reason = next(c for c in restarting["conditions"] if c["type"] == "Restarting")["reason"]
+    reason = find(restarting["conditions"], "Restarting")["reason"]
     assert reason in ("NodeLost", "PodDeleted", "DeletionByTaintManager", "Evicted")
     cluster.kubectl("label", "node", private_node, "torchfleet.dev/kwok-not-ready-")
     job_driver.wait_running_pods(

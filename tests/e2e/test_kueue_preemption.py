@@ -46,6 +46,7 @@ from tests.e2e.test_training import (
 )
 from tests.fixtures.e2e import LOCAL_PLACEMENT, Hold, apply_objects, held_at
 from tests.fixtures.kueue import job_workload
+from torchfleet_operator.status.conditions import find
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.timeout(1200)]
 
@@ -157,7 +158,7 @@ def test_preempted_job_resumes_at_the_step_it_was_preempted(
             assert stopped_at == PREEMPT_AT_STEP, stopped_at
             assert [e["step"] for e in events(first_run(), "checkpoint")] == [stopped_at]
             job = get_job(cluster, namespace, name)
-            evicted = next(c for c in job["status"]["conditions"] if c["type"] == "Evicted")
+            evicted = find(job["status"]["conditions"], "Evicted")
             assert evicted["status"] == "True" and evicted["reason"] == "Preempted", evicted
 
             assert wait_job(cluster, namespace, "urgent", {"Succeeded"}, 300)
@@ -232,8 +233,7 @@ def cohort_queue(
 def workload_preempted(job_driver: Any, namespace: str, job: str) -> dict[str, Any] | None:
     """The job's Workload's Preempted condition (Kueue's reason: why), once true."""
     workload = job_workload(job_driver, namespace, job) or {}
-    conditions = (workload.get("status") or {}).get("conditions") or []
-    found = next((c for c in conditions if c["type"] == "Preempted"), None)
+    found = find((workload.get("status") or {}).get("conditions"), "Preempted")
     return found if found and found["status"] == "True" else None
 
 

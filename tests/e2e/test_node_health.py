@@ -56,6 +56,7 @@ from tests.fixtures.e2e import (
     throttled_node,
 )
 from torchfleet_operator.api import constants
+from torchfleet_operator.status.conditions import find
 from torchfleet_trainer.launcher import procname
 
 from nodeagent import procs  # isort: skip  (dev/ is put on the path by the fixtures)
@@ -122,8 +123,7 @@ def pods_by_node(cluster: Any, namespace: str, restart: int) -> dict[str, list[s
 
 
 def condition(job: dict[str, Any], type_: str) -> dict[str, Any]:
-    conditions = (job.get("status") or {}).get("conditions") or ()
-    return next((c for c in conditions if c["type"] == type_), {})
+    return find((job.get("status") or {}).get("conditions"), type_) or {}
 
 
 def master_steps(agent: NodeAgent, namespace: str) -> list[dict[str, Any]]:
@@ -198,7 +198,7 @@ def all_events(agent: NodeAgent, namespace: str, kind: str) -> list[dict[str, An
 
 def stragglers(statuses: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every Straggler condition the statuses carried."""
-    return [c for s in statuses for c in s.get("conditions") or [] if c["type"] == "Straggler"]
+    return [c for s in statuses if (c := find(s.get("conditions"), "Straggler"))]
 
 
 def test_a_killed_rank_restarts_in_place_then_a_throttled_node_is_left(

@@ -17,7 +17,7 @@ from torchfleet_operator.api.v1alpha1 import ProgressStatus
 from torchfleet_operator.observed import FinalReport, ObservedPod, SavedCheckpoint
 from torchfleet_operator.reconcile import plan
 from torchfleet_operator.status import progress as progress_status
-from torchfleet_operator.status.conditions import set_condition
+from torchfleet_operator.status.conditions import find, set_condition
 from torchfleet_trainer import contract
 
 from .builders import CONFIG, at, gang, job, observed, running_status, stamp
@@ -248,7 +248,7 @@ def test_a_job_that_fails_shows_where_its_trainer_stood_and_its_last_lines() -> 
     assert (progress["step"], progress["source"]) == (23, "TrainerReport")
     assert (progress["loss"], progress["validationLoss"]) == (2.912, 2.82)
     assert "etaSeconds" not in progress  # a failed run has no time left
-    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    failed = find(status["conditions"], "Failed")
     # The message is the failure's last lines, not the report's JSON.
     assert failed["message"].endswith(
         FAILED_TAIL.splitlines()[-1] + "; not retryable under restartPolicy Never"

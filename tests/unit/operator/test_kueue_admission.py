@@ -293,15 +293,15 @@ def test_clearing_the_reservation_drops_admission_and_requeues_after_preemption(
     body = admission.clear_reservation(ObservedWorkload(EVICTED), "2026-01-01T00:01:00Z")
     assert body["metadata"]["resourceVersion"] == "42"
     assert "admission" not in body["status"]  # applied as kueue-admission: removes it
-    by_type = {c["type"]: c for c in body["status"]["conditions"]}
-    assert by_type["QuotaReserved"]["status"] == "False"
-    assert by_type["QuotaReserved"]["reason"] == "Pending"
-    assert by_type["Admitted"]["status"] == "False"
-    assert by_type["Requeued"]["status"] == "True"
-    assert by_type["Requeued"]["reason"] == "Preempted"
+    conditions = body["status"]["conditions"]
+    assert find(conditions, "QuotaReserved")["status"] == "False"
+    assert find(conditions, "QuotaReserved")["reason"] == "Pending"
+    assert find(conditions, "Admitted")["status"] == "False"
+    assert find(conditions, "Requeued")["status"] == "True"
+    assert find(conditions, "Requeued")["reason"] == "Preempted"
     # Conditions Kueue owns under that manager are kept as they are.
-    assert by_type["Evicted"] == EVICTED["status"]["conditions"][2]
-    assert by_type["Preempted"]["reason"] == "InClusterQueue"
+    assert find(conditions, "Evicted") == EVICTED["status"]["conditions"][2]
+    assert find(conditions, "Preempted")["reason"] == "InClusterQueue"
 
 
 def test_finished_marks_the_workload():
