@@ -15,6 +15,13 @@ Every variable that passes between operator and trainer is named here and
 nowhere else, and the trainer reads its environment only through
 ``PodContract.from_env``. Nodes, node rank and processes per node carry the
 API's names (``spec.nodes``, ``spec.processesPerNode``) on both sides.
+
+What it owns, by section: pod identity and the rendezvous; the elastic
+rendezvous; the checkpoint, trainer config and hostfile; recovery (collective
+timeouts and kept logs); in-place restarts; exit codes and the run policy; the
+env names a pod template may and may not set; the Prometheus metric names the
+operator reads; the termination message; and the pod contract read and
+written as a whole (``PodContract``).
 """
 
 from __future__ import annotations
@@ -23,6 +30,18 @@ import os
 import socket
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+
+# ---- the one error -------------------------------------------------------------------
+# A pod env that breaks the contract: every refusal names the variable.
+
+
+class ContractError(ValueError):
+    """The pod environment does not satisfy the contract; names the variable."""
+
+
+# ---- pod identity and rendezvous -----------------------------------------------------
+# Who this pod is and where its gang meets: torchrun's names, torch's env://
+# names and torchfleet's own, with the ports they meet on.
 
 # torchrun's own variables (torch.distributed.run reads PET_<FLAG>).
 PET_NNODES = "PET_NNODES"
@@ -34,6 +53,50 @@ PET_MASTER_PORT = "PET_MASTER_PORT"
 # of an old gang cannot join the new one's rendezvous. In an elastic job it is
 # stable for the job instead: nodes that come and go join the same rendezvous.
 PET_RDZV_ID = "PET_RDZV_ID"
+
+# torch.distributed's env:// rendezvous and common launcher names.
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+NNODES = "NNODES"
+NODE_RANK = "NODE_RANK"
+
+# Per-process values; on the pod only when one process runs per pod.
+RANK = "RANK"
+WORLD_SIZE = "WORLD_SIZE"
+LOCAL_RANK = "LOCAL_RANK"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+
+# torchfleet's own.
+JOB_NAME = "TORCHFLEET_JOB_NAME"
+NAMESPACE = "TORCHFLEET_NAMESPACE"
+RESTART_COUNT = "TORCHFLEET_RESTART_COUNT"
+NPROC_PER_NODE = "TORCHFLEET_NPROC_PER_NODE"
+
+# The name of the Kubernetes node the pod runs on, for the trainer's per-node series.
+# The operator sets it from the downward API (valueFrom.fieldRef: spec.nodeName);
+# without it the trainer names a node by its host name (in a pod: the pod's name).
+NODE_NAME = "TORCHFLEET_NODE_NAME"
+
+DEFAULT_MASTER_PORT = 29500
+# Gang generation g rendezvouses on DEFAULT_MASTER_PORT + g % RENDEZVOUS_PORTS:
+# a process of an older gang, still alive on a lost node, dials a port nobody
+# of the new gang listens on.
+RENDEZVOUS_PORTS = 8
+
+
+def rendezvous_port(restart_count: int) -> int:
+    return DEFAULT_MASTER_PORT + restart_count % RENDEZVOUS_PORTS
+
+
+def node_name(env: Mapping[str, str] | None = None) -> str:
+    """The node this process runs on: $TORCHFLEET_NODE_NAME, else the host name."""
+    env = os.environ if env is None else env
+    return env.get(NODE_NAME) or socket.gethostname()
+
+
+# ---- elastic rendezvous --------------------------------------------------------------
+# An elastic job's (and an in-place budget's) c10d rendezvous, in torchrun's flags.
+
 # Elastic jobs (torchrun's own flags, so a plain ``torchrun script.py`` joins
 # elastically too): PET_RDZV_BACKEND=c10d makes the job elastic; PET_NNODES is
 # then "min:max"; PET_RDZV_ENDPOINT is host:port of the rendezvous store (the
@@ -54,41 +117,20 @@ ELASTIC_RDZV_BACKEND = "c10d"
 RDZV_IS_HOST = "is_host"
 STATIC_RDZV_BACKEND = "static"
 
-# torch.distributed's env:// rendezvous and common launcher names.
-MASTER_ADDR = "MASTER_ADDR"
-MASTER_PORT = "MASTER_PORT"
-NNODES = "NNODES"
-NODE_RANK = "NODE_RANK"
 
-# Per-process values; on the pod only when one process runs per pod.
-RANK = "RANK"
-WORLD_SIZE = "WORLD_SIZE"
-LOCAL_RANK = "LOCAL_RANK"
-LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+# ---- checkpoint, trainer config and hostfile -----------------------------------------
+# What the job's spec hands the program it runs.
 
-# The prefixes of the variables above: a pod template may not set one of its
-# own under them (the operator owns that namespace of names).
-TORCHRUN_ENV_PREFIX = "PET_"
-TORCHFLEET_ENV_PREFIX = "TORCHFLEET_"
-RESERVED_ENV_PREFIXES = (TORCHRUN_ENV_PREFIX, TORCHFLEET_ENV_PREFIX)
-# ...except these, the trainer's tuning knobs: the operator never sets them, and
-# a pod template's env is where a job sets them (USER_ENV_NAMES, defined below
-# with their defaults).
-
-# torchfleet's own.
-JOB_NAME = "TORCHFLEET_JOB_NAME"
-NAMESPACE = "TORCHFLEET_NAMESPACE"
-RESTART_COUNT = "TORCHFLEET_RESTART_COUNT"
 CHECKPOINT_DIR = "TORCHFLEET_CHECKPOINT_DIR"
 # spec.checkpoint.intervalSteps / keepLast, for scripts the user brings; for
 # torchfleet-train the operator writes them into TRAIN_CONFIG instead, where
 # they win over spec.trainer.checkpoint (desired/env.py decides that, once).
 CHECKPOINT_INTERVAL = "TORCHFLEET_CHECKPOINT_INTERVAL"
 CHECKPOINT_KEEP = "TORCHFLEET_CHECKPOINT_KEEP"
-METRICS_PORT = "TORCHFLEET_METRICS_PORT"
-NPROC_PER_NODE = "TORCHFLEET_NPROC_PER_NODE"
+
 # The inline trainer config (JSON) the operator renders from spec.trainer.
 TRAIN_CONFIG = "TORCHFLEET_TRAIN_CONFIG"
+
 # The gang's hostfile (`<pod DNS name> slots=<processes per node>`, one line per
 # node in node-rank order), for launchers that read one: DeepSpeed's
 # `--hostfile`, MPI's. A job running a command of its own gets it at
@@ -96,17 +138,244 @@ TRAIN_CONFIG = "TORCHFLEET_TRAIN_CONFIG"
 HOSTFILE = "TORCHFLEET_HOSTFILE"
 HOSTFILE_PATH = "/etc/deepspeed/hostfile"
 
-DEFAULT_MASTER_PORT = 29500
-# Gang generation g rendezvouses on DEFAULT_MASTER_PORT + g % RENDEZVOUS_PORTS:
-# a process of an older gang, still alive on a lost node, dials a port nobody
-# of the new gang listens on.
-RENDEZVOUS_PORTS = 8
+
+# ---- recovery: collective timeouts and kept logs -------------------------------------
+# The trainer's own tuning (a pod template may set these; see USER_ENV_NAMES).
+
+# How long a rank waits in a collective for a peer before it gives up and exits
+# with the launcher's EXIT_COLLECTIVE_FAILED (202, retryable). Seconds, > 0.
+# COLLECTIVE_INIT_TIMEOUT covers process-group set-up, the resume, preflight, the
+# first steps (compilation) and every checkpoint save; after the first steps the
+# trainer tightens it to COLLECTIVE_TRAIN_TIMEOUT, or 20 x the slowest rank's
+# steady step time where that is longer (the value is the floor).
+COLLECTIVE_INIT_TIMEOUT = "TORCHFLEET_COLLECTIVE_INIT_TIMEOUT_SECONDS"
+COLLECTIVE_TRAIN_TIMEOUT = "TORCHFLEET_COLLECTIVE_TRAIN_TIMEOUT_SECONDS"
+DEFAULT_COLLECTIVE_INIT_TIMEOUT = 600.0
+DEFAULT_COLLECTIVE_TRAIN_TIMEOUT = 120.0
+
+# Every rank's stdout and stderr is kept on the checkpoint volume, under
+# <checkpoint dir>/logs/gen-<RESTART_COUNT>/round-<in-place round>/rank-<rank>.log
+# (launcher/logtee.py says more): LOG_KEEP_GENERATIONS is how many gang
+# generations keep theirs (the newest; 0 keeps none and writes none),
+# LOG_MAX_BYTES caps each file (the tail is kept: past the cap the file moves to
+# <name>.1, replacing the one before, and a new one starts).
+LOG_KEEP_GENERATIONS = "TORCHFLEET_LOG_KEEP_GENERATIONS"
+LOG_MAX_BYTES = "TORCHFLEET_LOG_MAX_BYTES"
+DEFAULT_LOG_KEEP_GENERATIONS = 5
+DEFAULT_LOG_MAX_BYTES = 8 * 1024 * 1024
+LOGS_SUBDIR = "logs"
 
 
-def rendezvous_port(restart_count: int) -> int:
-    return DEFAULT_MASTER_PORT + restart_count % RENDEZVOUS_PORTS
+def kept_log_file(root: str, generation: int, round_: int, rank: int) -> str:
+    """Where rank ``rank`` of gang ``generation``, in-place round ``round_``, keeps
+    its output under the checkpoint directory ``root``: written by the trainer
+    (launcher/logtee.py), named by the operator in a failure's condition and event."""
+    return f"{root.rstrip('/')}/{LOGS_SUBDIR}/gen-{generation}/round-{round_}/rank-{rank}.log"
 
 
+@dataclass(frozen=True)
+class RecoverySettings:
+    """The trainer's side of recovery: collective timeouts and kept logs."""
+
+    collective_init_timeout: float = DEFAULT_COLLECTIVE_INIT_TIMEOUT
+    collective_train_timeout: float = DEFAULT_COLLECTIVE_TRAIN_TIMEOUT
+    log_keep_generations: int = DEFAULT_LOG_KEEP_GENERATIONS
+    log_max_bytes: int = DEFAULT_LOG_MAX_BYTES
+
+    def __post_init__(self) -> None:
+        for name, seconds in (
+            (COLLECTIVE_INIT_TIMEOUT, self.collective_init_timeout),
+            (COLLECTIVE_TRAIN_TIMEOUT, self.collective_train_timeout),
+        ):
+            if not seconds > 0:
+                raise ContractError(f"{name} must be > 0 seconds, got {seconds}")
+        if self.log_keep_generations < 0:
+            raise ContractError(
+                f"{LOG_KEEP_GENERATIONS} must be >= 0, got {self.log_keep_generations}"
+            )
+        if self.log_max_bytes < 1024:
+            raise ContractError(f"{LOG_MAX_BYTES} must be >= 1024, got {self.log_max_bytes}")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> RecoverySettings:
+        env = os.environ if env is None else env
+        return cls(
+            collective_init_timeout=_float(
+                env, COLLECTIVE_INIT_TIMEOUT, DEFAULT_COLLECTIVE_INIT_TIMEOUT
+            ),
+            collective_train_timeout=_float(
+                env, COLLECTIVE_TRAIN_TIMEOUT, DEFAULT_COLLECTIVE_TRAIN_TIMEOUT
+            ),
+            log_keep_generations=_int(env, LOG_KEEP_GENERATIONS, DEFAULT_LOG_KEEP_GENERATIONS),
+            log_max_bytes=_int(env, LOG_MAX_BYTES, DEFAULT_LOG_MAX_BYTES),
+        )
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ContractError(f"{name} must be a number, got {raw!r}") from None
+
+
+# ---- in-place restarts ---------------------------------------------------------------
+# A fixed gang's restarts of its workers without new pods, and why each happened.
+
+# A fixed gang's in-place restart budget: how many times every pod's launcher
+# restarts its workers after a failure, all pods' workers meeting again in a new
+# round of a c10d rendezvous hosted by node rank 0's launcher (the elastic
+# path's: torchrun's max_restarts) and resuming from the last checkpoint,
+# before the launcher gives up and exits with the failure's code. 0 (the
+# default) is the behaviour before it: the launcher exits at the first failure.
+# With a budget, ranks come from each round, so RANK/WORLD_SIZE are not set on
+# a pod even with one process per pod (the launcher starts that process).
+IN_PLACE_RESTARTS = "TORCHFLEET_IN_PLACE_RESTARTS"
+
+# torchelastic's own (agent -> worker): how many times the agent restarted its
+# workers after a failure; the in-place round of the logs' folder.
+TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+TORCHELASTIC_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
+
+# Why an in-place restart happened (METRIC_IN_PLACE_RESTART_REASON's reason
+# label, the termination message's REPORTED_IN_PLACE_REASON), most telling
+# first: the gang agrees on the most telling one any pod saw among its own
+# workers of the failed round.
+RESTART_REASON_WORKER_KILLED = "worker_killed"  # died by a signal or crashed unreported (OOM kill)
+RESTART_REASON_WORKER_FAILED = "worker_failed"  # the program exited with an error of its own
+RESTART_REASON_PEER_LOST = "peer_lost"  # only a collective timing out or losing a peer was seen
+RESTART_REASONS = (
+    RESTART_REASON_PEER_LOST,
+    RESTART_REASON_WORKER_FAILED,
+    RESTART_REASON_WORKER_KILLED,
+)
+
+
+def in_place_round(env: Mapping[str, str] | None = None) -> int:
+    """This worker's in-place round: its agent's restarts after a failure so far."""
+    env = os.environ if env is None else env
+    return _int(env, TORCHELASTIC_RESTART_COUNT, 0)
+
+
+def in_place_restarts_left(env: Mapping[str, str] | None = None) -> int:
+    """How many more times this worker's agent would restart it after a failure."""
+    env = os.environ if env is None else env
+    return _int(env, TORCHELASTIC_MAX_RESTARTS, 0) - in_place_round(env)
+
+
+# ---- exit codes and the run policy ---------------------------------------------------
+# The codes both sides give a meaning to, and the one rule that says which are
+# retried (the launcher in place, the operator as a gang).
+
+# torchfleet-train's exit code when a collective of the preflight check failed or
+# timed out: a node or link of the gang is at fault; >= 128, so restartPolicy
+# ExitCode retries it, and the operator names it in the Preflight condition.
+EXIT_PREFLIGHT_FAILED = 201
+# torchfleet-train's exit code when a collective timed out waiting on a peer or
+# lost one: a consequence of another rank's failure, not this rank's. >= 128, so
+# ExitCode retries it; the operator looks past it for the failure that caused it.
+EXIT_COLLECTIVE_FAILED = 202
+
+# Exit codes from 128 up mean "killed by signal (code - 128)": 137 = SIGKILL
+# (often the OOM killer), 143 = SIGTERM (preemption, drain).
+FIRST_SIGNAL_EXIT_CODE = 128
+
+# The run policy's verdict on exit codes (spec.runPolicy.restartPolicy and its
+# retryable/permanent code lists), so that a launcher never restarts in place
+# what the operator would not restart as a gang: a worker that exits with a
+# permanent code stops its launcher, which exits with that code. Unset: every
+# failure is retried (OnFailure), torchrun's own behaviour. The operator's
+# gang restarts apply the same rule, exit_is_retryable below.
+RESTART_POLICY = "TORCHFLEET_RESTART_POLICY"  # OnFailure | ExitCode | Never
+RETRYABLE_EXIT_CODES = "TORCHFLEET_RETRYABLE_EXIT_CODES"  # comma-separated, e.g. "1,42"
+PERMANENT_EXIT_CODES = "TORCHFLEET_PERMANENT_EXIT_CODES"  # comma-separated
+RESTART_POLICIES = ("OnFailure", "ExitCode", "Never")
+
+
+def exit_is_retryable(
+    restart_policy: str,
+    exit_code: int | None,
+    retryable_codes: Collection[int] = (),
+    permanent_codes: Collection[int] = (),
+) -> bool:
+    """Whether the run policy retries a program that exited with ``exit_code``."""
+    if exit_code is not None and exit_code in permanent_codes:
+        return False
+    if exit_code is not None and exit_code in retryable_codes:
+        return True
+    if restart_policy == "Never":
+        return False
+    if restart_policy == "ExitCode":
+        # No exit code (e.g. the container never started): not the program's verdict.
+        return exit_code is None or exit_code >= FIRST_SIGNAL_EXIT_CODE
+    return True  # OnFailure
+
+
+@dataclass(frozen=True)
+class ExitCodePolicy:
+    """The run policy's exit-code rule, as the pod's environment carries it."""
+
+    restart_policy: str = "OnFailure"
+    retryable_codes: frozenset[int] = frozenset()
+    permanent_codes: frozenset[int] = frozenset()
+
+    def __post_init__(self) -> None:
+        if self.restart_policy not in RESTART_POLICIES:
+            raise ContractError(
+                f"{RESTART_POLICY} must be one of {', '.join(RESTART_POLICIES)}, "
+                f"got {self.restart_policy!r}"
+            )
+
+    def retries(self, exit_code: int | None) -> bool:
+        return exit_is_retryable(
+            self.restart_policy, exit_code, self.retryable_codes, self.permanent_codes
+        )
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ExitCodePolicy:
+        env = os.environ if env is None else env
+        return cls(
+            restart_policy=env.get(RESTART_POLICY) or "OnFailure",
+            retryable_codes=_codes(env, RETRYABLE_EXIT_CODES),
+            permanent_codes=_codes(env, PERMANENT_EXIT_CODES),
+        )
+
+
+def _codes(env: Mapping[str, str], name: str) -> frozenset[int]:
+    raw = env.get(name) or ""
+    try:
+        return frozenset(int(part) for part in raw.split(",") if part.strip())
+    except ValueError:
+        raise ContractError(f"{name} must be comma-separated integers, got {raw!r}") from None
+
+
+# ---- reserved env names --------------------------------------------------------------
+# Which env names the operator owns, and which of them a pod template may set.
+
+# The prefixes of the contract's variables: a pod template may not set one of its
+# own under them (the operator owns that namespace of names).
+TORCHRUN_ENV_PREFIX = "PET_"
+TORCHFLEET_ENV_PREFIX = "TORCHFLEET_"
+RESERVED_ENV_PREFIXES = (TORCHRUN_ENV_PREFIX, TORCHFLEET_ENV_PREFIX)
+
+# The TORCHFLEET_* names a pod template may set itself (see RESERVED_ENV_PREFIXES):
+# everything under these prefixes is the trainer's tuning, never the operator's.
+USER_ENV_PREFIXES = ("TORCHFLEET_COLLECTIVE_", "TORCHFLEET_LOG_")
+USER_ENV_NAMES = (
+    COLLECTIVE_INIT_TIMEOUT,
+    COLLECTIVE_TRAIN_TIMEOUT,
+    LOG_KEEP_GENERATIONS,
+    LOG_MAX_BYTES,
+)
+assert all(name.startswith(USER_ENV_PREFIXES) for name in USER_ENV_NAMES)
+
+
+# ---- metric names --------------------------------------------------------------------
+# The trainer's Prometheus series the operator scrapes, with their labels.
+
+METRICS_PORT = "TORCHFLEET_METRICS_PORT"
 DEFAULT_METRICS_PORT = 9400
 
 # The trainer's Prometheus series on that port which the operator reads into
@@ -122,6 +391,62 @@ METRIC_MFU = "torchfleet_train_mfu_ratio"  # 0-1
 METRIC_EVAL_LOSS = "torchfleet_train_eval_loss"  # the last evaluation's validation loss
 # A histogram of each checkpoint save's seconds: its _sum and _count.
 METRIC_CHECKPOINT_SAVE_SECONDS = "torchfleet_checkpoint_save_seconds"
+
+# Rank 0's per-node series, one sample per node of the gang, labelled with the
+# node's rank and name: the mean seconds per step its slowest process spent
+# computing (apart from waiting on its peers in collectives) over the last log
+# interval, and that over the median of the gang's nodes (1.0 = typical; a
+# straggler's is above 1).
+METRIC_NODE_COMPUTE_SECONDS = "torchfleet_train_node_compute_seconds"
+METRIC_NODE_STRAGGLER_SCORE = "torchfleet_train_node_straggler_score"
+LABEL_NODE_RANK = "node_rank"
+LABEL_NODE = "node"
+
+# What the trainer is doing now: one sample per phase, labelled phase, 1 for the
+# current one and 0 for the others, and the Unix time the current one began. A
+# step counter that stands still in "eval" or "checkpoint" is no hang.
+METRIC_PHASE = "torchfleet_train_phase"
+METRIC_PHASE_STARTED = "torchfleet_train_phase_started_timestamp_seconds"
+LABEL_PHASE = "phase"
+PHASE_STARTING = "starting"  # process group, model, data, resuming a checkpoint
+PHASE_PREFLIGHT = "preflight"
+PHASE_TRAIN = "train"
+PHASE_EVAL = "eval"
+PHASE_CHECKPOINT = "checkpoint"  # a save that blocks the loop
+PHASE_DONE = "done"
+PHASES = (
+    PHASE_STARTING,
+    PHASE_PREFLIGHT,
+    PHASE_TRAIN,
+    PHASE_EVAL,
+    PHASE_CHECKPOINT,
+    PHASE_DONE,
+)
+
+# The preflight check's figures (rank 0's /metrics): per node, its slowest
+# process's matmul throughput, that over the gang's median, and whether it
+# passed (1) or fell below preflight.minMatmulFraction (0); for the gang, the
+# all-reduce bus bandwidth (nccl-tests' busbw: bytes x 2(n-1)/n per second),
+# whether every node and collective passed, and how long the check took.
+METRIC_PREFLIGHT_MATMUL_FLOPS = "torchfleet_preflight_matmul_flops_per_second"
+METRIC_PREFLIGHT_MATMUL_RATIO = "torchfleet_preflight_matmul_median_ratio"
+METRIC_PREFLIGHT_NODE_PASSED = "torchfleet_preflight_node_passed"
+METRIC_PREFLIGHT_BUS_BANDWIDTH = "torchfleet_preflight_allreduce_bus_bytes_per_second"
+METRIC_PREFLIGHT_PASSED = "torchfleet_preflight_passed"
+METRIC_PREFLIGHT_SECONDS = "torchfleet_preflight_seconds"
+
+# What each pod's /metrics says about in-place restarts (rank 0's and every
+# local rank 0's, the same on every pod): how many this gang generation has had
+# (the most any pod's launcher counted: each counts the rounds its own workers
+# failed in), and why the last one happened, one sample per reason, 1 for the
+# last one and 0 for the others (all 0 before the first restart).
+METRIC_IN_PLACE_RESTARTS = "torchfleet_train_in_place_restarts"
+METRIC_IN_PLACE_RESTART_REASON = "torchfleet_train_in_place_restart_reason"
+LABEL_REASON = "reason"
+
+
+# ---- termination message -------------------------------------------------------------
+# What the trainer leaves in its pod's terminated container status.
 
 # The trainer's termination message: what it knew last that the operator's
 # last scrape may have missed, in the pod's terminated container status. One
@@ -162,8 +487,22 @@ REPORTED_TIME = "reportTime"  # when rank 0 wrote its final figures
 REPORTED_LOG_TAIL = "logTail"  # a failed run's last log lines: the failure's message
 
 
-class ContractError(ValueError):
-    """The pod environment does not satisfy the contract; names the variable."""
+def reported_in_place_restarts(report: object) -> tuple[int, str | None] | None:
+    """(restarts, reason) from a termination message's JSON object; None where it
+    has none (or not as the trainer writes them)."""
+    if not isinstance(report, dict):
+        return None
+    count = report.get(REPORTED_IN_PLACE_RESTARTS)
+    reason = report.get(REPORTED_IN_PLACE_REASON)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        return None
+    if reason is not None and reason not in RESTART_REASONS:
+        return None
+    return count, reason
+
+
+# ---- the pod contract as a whole -----------------------------------------------------
+# The env above, read (the trainer) and written (the operator) in one place.
 
 
 @dataclass(frozen=True)
@@ -450,290 +789,3 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise ContractError(f"{name} must be an integer, got {raw!r}") from None
-
-
-# ---- node health (issue 30) ------------------------------------------------------------
-# The name of the Kubernetes node the pod runs on, for the trainer's per-node series.
-# The operator sets it from the downward API (valueFrom.fieldRef: spec.nodeName);
-# without it the trainer names a node by its host name (in a pod: the pod's name).
-NODE_NAME = "TORCHFLEET_NODE_NAME"
-
-# Rank 0's per-node series, one sample per node of the gang, labelled with the
-# node's rank and name: the mean seconds per step its slowest process spent
-# computing (apart from waiting on its peers in collectives) over the last log
-# interval, and that over the median of the gang's nodes (1.0 = typical; a
-# straggler's is above 1).
-METRIC_NODE_COMPUTE_SECONDS = "torchfleet_train_node_compute_seconds"
-METRIC_NODE_STRAGGLER_SCORE = "torchfleet_train_node_straggler_score"
-LABEL_NODE_RANK = "node_rank"
-LABEL_NODE = "node"
-
-# What the trainer is doing now: one sample per phase, labelled phase, 1 for the
-# current one and 0 for the others, and the Unix time the current one began. A
-# step counter that stands still in "eval" or "checkpoint" is no hang.
-METRIC_PHASE = "torchfleet_train_phase"
-METRIC_PHASE_STARTED = "torchfleet_train_phase_started_timestamp_seconds"
-LABEL_PHASE = "phase"
-PHASE_STARTING = "starting"  # process group, model, data, resuming a checkpoint
-PHASE_PREFLIGHT = "preflight"
-PHASE_TRAIN = "train"
-PHASE_EVAL = "eval"
-PHASE_CHECKPOINT = "checkpoint"  # a save that blocks the loop
-PHASE_DONE = "done"
-PHASES = (
-    PHASE_STARTING,
-    PHASE_PREFLIGHT,
-    PHASE_TRAIN,
-    PHASE_EVAL,
-    PHASE_CHECKPOINT,
-    PHASE_DONE,
-)
-
-# The preflight check's figures (rank 0's /metrics): per node, its slowest
-# process's matmul throughput, that over the gang's median, and whether it
-# passed (1) or fell below preflight.minMatmulFraction (0); for the gang, the
-# all-reduce bus bandwidth (nccl-tests' busbw: bytes x 2(n-1)/n per second),
-# whether every node and collective passed, and how long the check took.
-METRIC_PREFLIGHT_MATMUL_FLOPS = "torchfleet_preflight_matmul_flops_per_second"
-METRIC_PREFLIGHT_MATMUL_RATIO = "torchfleet_preflight_matmul_median_ratio"
-METRIC_PREFLIGHT_NODE_PASSED = "torchfleet_preflight_node_passed"
-METRIC_PREFLIGHT_BUS_BANDWIDTH = "torchfleet_preflight_allreduce_bus_bytes_per_second"
-METRIC_PREFLIGHT_PASSED = "torchfleet_preflight_passed"
-METRIC_PREFLIGHT_SECONDS = "torchfleet_preflight_seconds"
-# torchfleet-train's exit code when a collective of the preflight check failed or
-# timed out: a node or link of the gang is at fault; >= 128, so restartPolicy
-# ExitCode retries it, and the operator names it in the Preflight condition.
-EXIT_PREFLIGHT_FAILED = 201
-# torchfleet-train's exit code when a collective timed out waiting on a peer or
-# lost one: a consequence of another rank's failure, not this rank's. >= 128, so
-# ExitCode retries it; the operator looks past it for the failure that caused it.
-EXIT_COLLECTIVE_FAILED = 202
-
-
-def node_name(env: Mapping[str, str] | None = None) -> str:
-    """The node this process runs on: $TORCHFLEET_NODE_NAME, else the host name."""
-    env = os.environ if env is None else env
-    return env.get(NODE_NAME) or socket.gethostname()
-
-
-# ---- collective timeouts, kept logs, in-place restarts (issue 33) -----------------------
-# How long a rank waits in a collective for a peer before it gives up and exits
-# with the launcher's EXIT_COLLECTIVE_FAILED (202, retryable). Seconds, > 0.
-# COLLECTIVE_INIT_TIMEOUT covers process-group set-up, the resume, preflight, the
-# first steps (compilation) and every checkpoint save; after the first steps the
-# trainer tightens it to COLLECTIVE_TRAIN_TIMEOUT, or 20 x the slowest rank's
-# steady step time where that is longer (the value is the floor).
-COLLECTIVE_INIT_TIMEOUT = "TORCHFLEET_COLLECTIVE_INIT_TIMEOUT_SECONDS"
-COLLECTIVE_TRAIN_TIMEOUT = "TORCHFLEET_COLLECTIVE_TRAIN_TIMEOUT_SECONDS"
-DEFAULT_COLLECTIVE_INIT_TIMEOUT = 600.0
-DEFAULT_COLLECTIVE_TRAIN_TIMEOUT = 120.0
-
-# Every rank's stdout and stderr is kept on the checkpoint volume, under
-# <checkpoint dir>/logs/gen-<RESTART_COUNT>/round-<in-place round>/rank-<rank>.log
-# (launch.py says more): LOG_KEEP_GENERATIONS is how many gang generations keep
-# theirs (the newest; 0 keeps none and writes none), LOG_MAX_BYTES caps each
-# file (the tail is kept: past the cap the file moves to <name>.1, replacing the
-# one before, and a new one starts).
-LOG_KEEP_GENERATIONS = "TORCHFLEET_LOG_KEEP_GENERATIONS"
-LOG_MAX_BYTES = "TORCHFLEET_LOG_MAX_BYTES"
-DEFAULT_LOG_KEEP_GENERATIONS = 5
-DEFAULT_LOG_MAX_BYTES = 8 * 1024 * 1024
-LOGS_SUBDIR = "logs"
-# The TORCHFLEET_* names a pod template may set itself (see RESERVED_ENV_PREFIXES):
-# everything under these prefixes is the trainer's tuning, never the operator's.
-USER_ENV_PREFIXES = ("TORCHFLEET_COLLECTIVE_", "TORCHFLEET_LOG_")
-USER_ENV_NAMES = (
-    COLLECTIVE_INIT_TIMEOUT,
-    COLLECTIVE_TRAIN_TIMEOUT,
-    LOG_KEEP_GENERATIONS,
-    LOG_MAX_BYTES,
-)
-assert all(name.startswith(USER_ENV_PREFIXES) for name in USER_ENV_NAMES)
-
-
-def kept_log_file(root: str, generation: int, round_: int, rank: int) -> str:
-    """Where rank ``rank`` of gang ``generation``, in-place round ``round_``, keeps
-    its output under the checkpoint directory ``root``: written by the trainer
-    (logtee.py), named by the operator in a failure's condition and event."""
-    return f"{root.rstrip('/')}/{LOGS_SUBDIR}/gen-{generation}/round-{round_}/rank-{rank}.log"
-
-
-# A fixed gang's in-place restart budget: how many times every pod's launcher
-# restarts its workers after a failure, all pods' workers meeting again in a new
-# round of a c10d rendezvous hosted by node rank 0's launcher (the elastic
-# path's: torchrun's max_restarts) and resuming from the last checkpoint,
-# before the launcher gives up and exits with the failure's code. 0 (the
-# default) is the behaviour before it: the launcher exits at the first failure.
-# With a budget, ranks come from each round, so RANK/WORLD_SIZE are not set on
-# a pod even with one process per pod (the launcher starts that process).
-IN_PLACE_RESTARTS = "TORCHFLEET_IN_PLACE_RESTARTS"
-# The run policy's verdict on exit codes (spec.runPolicy.restartPolicy and its
-# retryable/permanent code lists), so that a launcher never restarts in place
-# what the operator would not restart as a gang: a worker that exits with a
-# permanent code stops its launcher, which exits with that code. Unset: every
-# failure is retried (OnFailure), torchrun's own behaviour. The operator's
-# gang restarts apply the same rule, exit_is_retryable below.
-RESTART_POLICY = "TORCHFLEET_RESTART_POLICY"  # OnFailure | ExitCode | Never
-RETRYABLE_EXIT_CODES = "TORCHFLEET_RETRYABLE_EXIT_CODES"  # comma-separated, e.g. "1,42"
-PERMANENT_EXIT_CODES = "TORCHFLEET_PERMANENT_EXIT_CODES"  # comma-separated
-RESTART_POLICIES = ("OnFailure", "ExitCode", "Never")
-# Exit codes from 128 up mean "killed by signal (code - 128)": 137 = SIGKILL
-# (often the OOM killer), 143 = SIGTERM (preemption, drain).
-FIRST_SIGNAL_EXIT_CODE = 128
-
-
-def exit_is_retryable(
-    restart_policy: str,
-    exit_code: int | None,
-    retryable_codes: Collection[int] = (),
-    permanent_codes: Collection[int] = (),
-) -> bool:
-    """Whether the run policy retries a program that exited with ``exit_code``."""
-    if exit_code is not None and exit_code in permanent_codes:
-        return False
-    if exit_code is not None and exit_code in retryable_codes:
-        return True
-    if restart_policy == "Never":
-        return False
-    if restart_policy == "ExitCode":
-        # No exit code (e.g. the container never started): not the program's verdict.
-        return exit_code is None or exit_code >= FIRST_SIGNAL_EXIT_CODE
-    return True  # OnFailure
-
-
-@dataclass(frozen=True)
-class ExitCodePolicy:
-    """The run policy's exit-code rule, as the pod's environment carries it."""
-
-    restart_policy: str = "OnFailure"
-    retryable_codes: frozenset[int] = frozenset()
-    permanent_codes: frozenset[int] = frozenset()
-
-    def __post_init__(self) -> None:
-        if self.restart_policy not in RESTART_POLICIES:
-            raise ContractError(
-                f"{RESTART_POLICY} must be one of {', '.join(RESTART_POLICIES)}, "
-                f"got {self.restart_policy!r}"
-            )
-
-    def retries(self, exit_code: int | None) -> bool:
-        return exit_is_retryable(
-            self.restart_policy, exit_code, self.retryable_codes, self.permanent_codes
-        )
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> ExitCodePolicy:
-        env = os.environ if env is None else env
-        return cls(
-            restart_policy=env.get(RESTART_POLICY) or "OnFailure",
-            retryable_codes=_codes(env, RETRYABLE_EXIT_CODES),
-            permanent_codes=_codes(env, PERMANENT_EXIT_CODES),
-        )
-
-
-def _codes(env: Mapping[str, str], name: str) -> frozenset[int]:
-    raw = env.get(name) or ""
-    try:
-        return frozenset(int(part) for part in raw.split(",") if part.strip())
-    except ValueError:
-        raise ContractError(f"{name} must be comma-separated integers, got {raw!r}") from None
-
-
-# What each pod's /metrics says about them (rank 0's and every local rank 0's,
-# the same on every pod): how many in-place restarts this gang generation has
-# had (the most any pod's launcher counted: each counts the rounds its own
-# workers failed in), and why the last one happened, one sample per reason, 1
-# for the last one and 0 for the others (all 0 before the first restart).
-METRIC_IN_PLACE_RESTARTS = "torchfleet_train_in_place_restarts"
-METRIC_IN_PLACE_RESTART_REASON = "torchfleet_train_in_place_restart_reason"
-LABEL_REASON = "reason"
-# The reasons, most telling first: the gang agrees on the most telling one any
-# pod saw among its own workers of the failed round.
-RESTART_REASON_WORKER_KILLED = "worker_killed"  # died by a signal or crashed unreported (OOM kill)
-RESTART_REASON_WORKER_FAILED = "worker_failed"  # the program exited with an error of its own
-RESTART_REASON_PEER_LOST = "peer_lost"  # only a collective timing out or losing a peer was seen
-RESTART_REASONS = (
-    RESTART_REASON_PEER_LOST,
-    RESTART_REASON_WORKER_FAILED,
-    RESTART_REASON_WORKER_KILLED,
-)
-# torchelastic's own (agent -> worker): how many times the agent restarted its
-# workers after a failure; the in-place round of the logs' folder.
-TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
-
-
-TORCHELASTIC_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
-
-
-def in_place_round(env: Mapping[str, str] | None = None) -> int:
-    """This worker's in-place round: its agent's restarts after a failure so far."""
-    env = os.environ if env is None else env
-    return _int(env, TORCHELASTIC_RESTART_COUNT, 0)
-
-
-def reported_in_place_restarts(report: object) -> tuple[int, str | None] | None:
-    """(restarts, reason) from a termination message's JSON object; None where it
-    has none (or not as the trainer writes them)."""
-    if not isinstance(report, dict):
-        return None
-    count = report.get(REPORTED_IN_PLACE_RESTARTS)
-    reason = report.get(REPORTED_IN_PLACE_REASON)
-    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        return None
-    if reason is not None and reason not in RESTART_REASONS:
-        return None
-    return count, reason
-
-
-def in_place_restarts_left(env: Mapping[str, str] | None = None) -> int:
-    """How many more times this worker's agent would restart it after a failure."""
-    env = os.environ if env is None else env
-    return _int(env, TORCHELASTIC_MAX_RESTARTS, 0) - in_place_round(env)
-
-
-@dataclass(frozen=True)
-class RecoverySettings:
-    """The trainer's side of recovery: collective timeouts and kept logs."""
-
-    collective_init_timeout: float = DEFAULT_COLLECTIVE_INIT_TIMEOUT
-    collective_train_timeout: float = DEFAULT_COLLECTIVE_TRAIN_TIMEOUT
-    log_keep_generations: int = DEFAULT_LOG_KEEP_GENERATIONS
-    log_max_bytes: int = DEFAULT_LOG_MAX_BYTES
-
-    def __post_init__(self) -> None:
-        for name, seconds in (
-            (COLLECTIVE_INIT_TIMEOUT, self.collective_init_timeout),
-            (COLLECTIVE_TRAIN_TIMEOUT, self.collective_train_timeout),
-        ):
-            if not seconds > 0:
-                raise ContractError(f"{name} must be > 0 seconds, got {seconds}")
-        if self.log_keep_generations < 0:
-            raise ContractError(
-                f"{LOG_KEEP_GENERATIONS} must be >= 0, got {self.log_keep_generations}"
-            )
-        if self.log_max_bytes < 1024:
-            raise ContractError(f"{LOG_MAX_BYTES} must be >= 1024, got {self.log_max_bytes}")
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> RecoverySettings:
-        env = os.environ if env is None else env
-        return cls(
-            collective_init_timeout=_float(
-                env, COLLECTIVE_INIT_TIMEOUT, DEFAULT_COLLECTIVE_INIT_TIMEOUT
-            ),
-            collective_train_timeout=_float(
-                env, COLLECTIVE_TRAIN_TIMEOUT, DEFAULT_COLLECTIVE_TRAIN_TIMEOUT
-            ),
-            log_keep_generations=_int(env, LOG_KEEP_GENERATIONS, DEFAULT_LOG_KEEP_GENERATIONS),
-            log_max_bytes=_int(env, LOG_MAX_BYTES, DEFAULT_LOG_MAX_BYTES),
-        )
-
-
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ContractError(f"{name} must be a number, got {raw!r}") from None
