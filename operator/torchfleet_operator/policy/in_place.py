@@ -2,7 +2,7 @@
 
 Under ``runPolicy.inPlaceRestarts: N`` each pod's launcher restarts its own
 processes after a retryable failure and the gang meets again in a new
-rendezvous round (trainer launch.py); the operator is told through the master's
+rendezvous round (the trainer's launcher/launch.py); the operator is told through the master's
 ``/metrics`` (how many this gang has had, and why the last one happened) and
 stays the judge: each one counts toward ``backoffLimit`` exactly as a gang
 restart for the same failure would (the launchers apply the same exit-code
