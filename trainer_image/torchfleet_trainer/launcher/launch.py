@@ -32,6 +32,8 @@ training in a process, this one or a worker, is in_process.py's.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import multiprocessing
 import os
@@ -43,6 +45,7 @@ from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any
 
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousError
@@ -280,6 +283,20 @@ def run_children(
     Each worker writes its own exit code into ``outcomes`` (see worker.py):
     when the launcher itself is signalled the agent stops the workers and
     keeps their codes to itself, and only those codes say whether they saved."""
+    if not isinstance(launch_config.logs_specs, _OwnLogs):
+        # torch's default (made with the LaunchConfig) is a torchelastic_*
+        # folder in TMPDIR for the agent's per-round files, never removed: the
+        # agent gets one that goes with the launch, and the default, still
+        # empty, goes now.
+        _remove_if_empty(launch_config.logs_specs)
+        with tempfile.TemporaryDirectory(prefix="torchelastic_") as logs:
+            return run_children(
+                dataclasses.replace(launch_config, logs_specs=_OwnLogs(log_dir=logs)),
+                *args,
+                outcomes=outcomes,
+                entrypoint=entrypoint,
+                failed=failed,
+            )
     try:
         elastic_launch(launch_config, entrypoint)(*args)
     except RendezvousError as err:
@@ -300,6 +317,16 @@ def run_children(
             failed.append(err.get_first_failure()[0])
         return child_failure_exit_code([f.exitcode for f in err.failures.values()], _first(err))
     return 0
+
+
+class _OwnLogs(DefaultLogsSpecs):
+    """The agent's log folder run_children made, and removes, for one launch."""
+
+
+def _remove_if_empty(specs: object) -> None:
+    if isinstance(specs, DefaultLogsSpecs):
+        with contextlib.suppress(OSError):
+            os.rmdir(specs.root_log_dir)
 
 
 def _first(err: ChildFailedError) -> int:
