@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -109,12 +110,26 @@ class TrainerProcess:
                 return
             self.events.append(event)
 
+    def kill(self) -> None:
+        """SIGKILLs the launcher and everything it started, then reaps it. Its
+        forkserver and the workers forked from it have a session of their own
+        (forkserver.py): killing the launcher's process group alone left them
+        training on, gang and all, for the rest of the test run. The log
+        copiers are left to drain: they end once no process writes to them."""
+        tree = [pid for pid in descendants(self.proc.pid) if not is_log_copier(pid)]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.proc.wait()
+
     def finish(self, timeout: float) -> int:
-        """Waits for exit, collecting the remaining events; kills the session on timeout."""
+        """Waits for exit, collecting the remaining events; kills it all on timeout."""
         try:
             code = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.kill()
             raise AssertionError(f"trainer still running after {timeout}s") from None
         while (event := self._queue.get(timeout=10)) is not None:
             self.events.append(event)
@@ -143,6 +158,21 @@ def children(pid: int) -> list[int]:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:  # exited meanwhile
         return []
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, children first."""
+    found: list[int] = []
+    for child in children(pid):
+        found += [child, *descendants(child)]
+    return found
+
+
+def is_log_copier(pid: int) -> bool:
+    try:
+        return b"launcher.logtee" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def pending_signals(pid: int) -> set[signal.Signals]:

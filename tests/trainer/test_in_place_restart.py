@@ -231,9 +231,7 @@ def test_a_killed_worker_restarts_every_pods_workers_in_place(tmp_path: Path) ->
         if held_reaper is not None:
             os.kill(held_reaper, signal.SIGKILL)
         for pod in pods:
-            if pod.proc.poll() is None:
-                os.killpg(pod.proc.pid, signal.SIGKILL)
-                pod.proc.wait()
+            pod.kill()
     print(f"saved at {saved}, resumed at {resumed['step']}, launchers exited {codes}")
     # Each launcher exits with its own workers' failure: the killed one's SIGKILL,
     # the others' lost peer; both retryable under the operator's ExitCode policy.
@@ -287,9 +285,7 @@ CONFIG_PAIR["checkpoint"] |= {"interval": INTERVAL, "asyncSave": False}
 
 def stop_all(pods: list[TrainerProcess]) -> None:
     for pod in pods:
-        if pod.proc.poll() is None:
-            os.killpg(pod.proc.pid, signal.SIGKILL)
-            pod.proc.wait()
+        pod.kill()
 
 
 def kill_a_worker_of_the_running_round(gang_events: Pods, pod: TrainerProcess) -> None:

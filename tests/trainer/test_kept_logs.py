@@ -61,9 +61,7 @@ def test_a_killed_ranks_last_lines_are_in_its_file_and_old_generations_go(
         codes = [node.finish(timeout=60) for node in nodes[1:]]
     finally:
         for node in nodes:
-            if node.proc.poll() is None:
-                os.killpg(node.proc.pid, signal.SIGKILL)
-                node.proc.wait()
+            node.kill()
 
     assert codes == [EXIT_COLLECTIVE_FAILED] * 2, [n.stderr[-2000:] for n in nodes[1:]]
     killed = log_path(tmp_path, GENERATION, 0, 0).read_text()

@@ -13,7 +13,6 @@ gives a thread that sleeps between bursts most of its core); a quota does.
 from __future__ import annotations
 
 import os
-import signal
 from collections.abc import Iterator
 
 import pytest
@@ -117,8 +116,7 @@ def test_rank_zero_names_the_slow_node_in_preflight_and_in_training(
         samples = scrape(metrics_port)
     finally:
         for node in gang:
-            os.killpg(node.proc.pid, signal.SIGKILL)
-            node.proc.wait()
+            node.kill()
 
     names = {node_name(r) for r in range(NODES)}
     assert {n["node"] for n in preflight["nodes"]} == names, preflight

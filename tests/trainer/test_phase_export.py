@@ -14,9 +14,7 @@ Restart). Held in a save, it exports ``checkpoint``.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import time
 import urllib.request
 from pathlib import Path
@@ -100,7 +98,5 @@ def test_the_exported_phase_is_the_one_rank_zero_is_held_in(
         assert exported in text.splitlines(), text
     finally:
         for pod in pods:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pod.proc.pid, signal.SIGKILL)
-            pod.proc.wait()
+            pod.kill()
         hold.release()

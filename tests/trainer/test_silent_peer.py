@@ -131,9 +131,7 @@ def silence(gang: list[TrainerProcess], rank: int, hold: Hold, metrics_port: int
 
 def stop_all(gang: list[TrainerProcess]) -> None:
     for node in gang:
-        if node.proc.poll() is None:
-            os.killpg(node.proc.pid, signal.SIGKILL)
-            node.proc.wait()
+        node.kill()
 
 
 def assert_failed_within_timeout(survivors: list[TrainerProcess], since: float) -> None:
