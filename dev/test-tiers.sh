@@ -26,6 +26,12 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 py=${PY:-.venv/bin/python}
 logs=.test-logs
+# A Python process that crashes (SIGSEGV, SIGABRT: the pytest sessions, the
+# operators and trainers they start) prints every thread's stack to its
+# stderr, which lands in a log CI shows: pytest's own fault handler stops at
+# the end of the session, and a crash while the interpreter shut down left
+# nothing but an exit status (139) once.
+export PYTHONFAULTHANDLER=1
 
 e2e_cluster_dir=.cluster-e2e
 e2e_port_offset=$((${TORCHFLEET_CLUSTER_PORT_OFFSET:-0} + 1000))
@@ -113,7 +119,10 @@ while [ "${#running[@]}" -gt 0 ]; do
     for pid in "${running[@]}"; do [ "$pid" = "$finished" ] || still+=("$pid"); done
     running=("${still[@]}")
     minutes=$(awk -v s=$((SECONDS - session_start[$finished])) 'BEGIN { printf "%.1f", s / 60 }')
-    summary+=("  ${session_name[$finished]}: exit $rc in $minutes min")
+    how="exit $rc"
+    # 128+N: pytest itself died of signal N (a crash, not a failed test).
+    [ "$rc" -gt 128 ] && how+=" (killed by SIG$(kill -l $((rc - 128))))"
+    summary+=("  ${session_name[$finished]}: $how in $minutes min")
     [ "$rc" -eq 0 ] || failed=1
     if [ "${session_log[$finished]}" != - ]; then
         done_logs+=("$finished")
