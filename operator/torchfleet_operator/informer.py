@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from urllib3.exceptions import ReadTimeoutError
 
 from torchfleet_operator import metrics
 from torchfleet_operator.desired.labels import JOB_NAME_LABEL
@@ -40,6 +41,13 @@ log = logging.getLogger(__name__)
 
 LIST_PAGE = 500
 WATCH_SECONDS = 300  # the apiserver ends a watch after this; it is resumed
+# The apiserver sends a watch that allows bookmarks one every minute, events
+# or not. A stream silent past this is dead (a connection dropped without a
+# FIN, a watch the apiserver orphaned) and is resumed from the last version
+# seen, as kopf's inactivity_timeout (70 s) does for its own watches. The read
+# timeout before was six minutes, and a stale index meanwhile means pods made
+# again for jobs that have them and masters the progress poller cannot find.
+INACTIVE_SECONDS = 90.0
 RETRY_SECONDS, RETRY_MAX_SECONDS = 0.5, 30.0
 
 
@@ -290,24 +298,41 @@ class PodInformer:
             "allowWatchBookmarks": "true",
             "timeoutSeconds": str(WATCH_SECONDS),
         }
-        for lines in self.raw.stream(path, query, stop=self._stop):
-            events: list[PodEvent] = []
-            for line in lines:
-                raw_event = orjson.loads(line)
-                kind, obj = raw_event.get("type"), raw_event.get("object") or {}
-                if kind == "ERROR":
-                    # 410: the version is older than the apiserver keeps. Others: relist too.
-                    log.info("pod watch of %s: %s; relisting", path, obj.get("message"))
-                    metrics.WATCH_RESTARTS.labels(resource="pods", reason="expired").inc()
-                    self._deliver(events)
+        try:
+            for lines in self.raw.stream(
+                path, query, stop=self._stop, read_timeout=INACTIVE_SECONDS
+            ):
+                resume_from = self._apply_lines(path, lines, version, in_scope)
+                if resume_from is None:
                     return None
-                version = (obj.get("metadata") or {}).get("resourceVersion") or version
-                if kind == "BOOKMARK":
-                    continue
-                parsed = parse_event(str(kind), obj)
-                if parsed is not None and in_scope(parsed.key[0]):
-                    events.append(parsed)
-            self._deliver(events)
+                version = resume_from
+        except ReadTimeoutError:
+            log.info("pod watch of %s silent for %.0fs; resuming", path, INACTIVE_SECONDS)
+            metrics.WATCH_RESTARTS.labels(resource="pods", reason="inactive").inc()
+        return version
+
+    def _apply_lines(
+        self, path: str, lines: list[bytes], version: str, in_scope: Callable[[str], bool]
+    ) -> str | None:
+        """Hands one chunk's events to the loop: the version to resume from,
+        or None when the apiserver ended the watch with an error."""
+        events: list[PodEvent] = []
+        for line in lines:
+            raw_event = orjson.loads(line)
+            kind, obj = raw_event.get("type"), raw_event.get("object") or {}
+            if kind == "ERROR":
+                # 410: the version is older than the apiserver keeps. Others: relist too.
+                log.info("pod watch of %s: %s; relisting", path, obj.get("message"))
+                metrics.WATCH_RESTARTS.labels(resource="pods", reason="expired").inc()
+                self._deliver(events)
+                return None
+            version = (obj.get("metadata") or {}).get("resourceVersion") or version
+            if kind == "BOOKMARK":
+                continue
+            parsed = parse_event(str(kind), obj)
+            if parsed is not None and in_scope(parsed.key[0]):
+                events.append(parsed)
+        self._deliver(events)
         return version
 
     def _deliver(self, events: list[PodEvent]) -> None:

@@ -68,7 +68,8 @@ API_REQUESTS = Counter(
 WATCH_RESTARTS = Counter(
     "torchfleet_operator_watch_restarts_total",
     "The operator's own watches started over: after an error (resumed from the last "
-    "version seen, with back-off) or expired (410 Gone: listed again)",
+    "version seen, with back-off), inactive (silent past the bookmark interval: "
+    "resumed) or expired (410 Gone: listed again)",
     ["resource", "reason"],
 )
 QUEUE_DEPTH = Gauge("torchfleet_operator_workqueue_depth", "Job keys waiting for a worker")

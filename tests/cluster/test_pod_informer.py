@@ -1,12 +1,18 @@
 """The operator's own pod informer against the real API server: paged list,
-watch, and the relist after 410 Gone (a version older than the apiserver keeps)."""
+watch, the relist after 410 Gone (a version older than the apiserver keeps),
+and the resume of a watch whose connection went silent."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import select
+import socket
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
+from urllib.parse import urlsplit
 
 from tests.fixtures.poll import async_wait_for
 from torchfleet_operator import informer as informer_module
@@ -121,3 +127,110 @@ def test_a_watch_from_a_version_the_apiserver_no_longer_keeps_relists(cluster, n
         informer.stop()
 
     asyncio.run(scenario())
+
+
+class FreezableRelay:
+    """A TCP relay to the API server whose open connections can be frozen:
+    nothing flows either way any more, yet nothing closes, as when a link
+    drops without a FIN (or the apiserver orphans a watch). Connections made
+    after the freeze relay as usual."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.stopped = threading.Event()
+        self.frozen: set[int] = set()
+        self.open: set[int] = set()
+        self.sockets: list[socket.socket] = [self.listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def freeze(self) -> None:
+        self.frozen |= self.open
+
+    def close(self) -> None:
+        self.stopped.set()
+        for sock in self.sockets:
+            sock.close()
+
+    def _accept(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.upstream)
+            self.sockets += [client, server]
+            self.open.add(id(client))
+            for source, sink in ((client, server), (server, client)):
+                threading.Thread(
+                    target=self._pump, args=(id(client), source, sink), daemon=True
+                ).start()
+
+    def _pump(self, connection: int, source: socket.socket, sink: socket.socket) -> None:
+        while not self.stopped.is_set():
+            try:
+                if not select.select([source], [], [], 0.1)[0]:
+                    continue
+                data = source.recv(65536)
+                if connection in self.frozen:  # what came after the freeze never arrives
+                    if not data:
+                        self.stopped.wait()
+                    continue
+                if not data:
+                    sink.shutdown(socket.SHUT_WR)
+                    return
+                sink.sendall(data)
+            except OSError:
+                return
+
+
+@contextmanager
+def relayed(api: Any) -> Iterator[tuple[FreezableRelay, Any]]:
+    """A relay to ``api``'s server and a client of the same identity through it."""
+    server = urlsplit(api.configuration.host)
+    relay = FreezableRelay((server.hostname or "127.0.0.1", server.port or 443))
+    try:
+        configuration = api.configuration
+        configuration.host = f"https://127.0.0.1:{relay.port}"
+        yield relay, type(api)(configuration)
+    finally:
+        relay.close()
+
+
+def test_a_watch_gone_silent_is_resumed_and_misses_nothing(cluster, namespace, monkeypatch):
+    """A watch that stops hearing even the apiserver's minutely bookmark is
+    dead: the informer resumes it (from the last version seen, so an event of
+    the silent spell is not lost) instead of waiting for the watch's own end,
+    minutes away, with a stale index meanwhile."""
+    monkeypatch.setattr(informer_module, "INACTIVE_SECONDS", 2.0)
+    direct = RawApi(cluster.api_client(), counted=False)
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    direct.request("POST", pods, job_pod("before-0", "before", 0))
+    inactive = metrics.WATCH_RESTARTS.labels(resource="pods", reason="inactive")
+
+    async def scenario(relay: FreezableRelay, raw: RawApi) -> None:
+        informer = PodInformer(raw, [namespace], lambda _key: None)
+        informer.start()
+        try:
+            await asyncio.wait_for(informer.synced.wait(), 30)
+            assert names(informer, (namespace, "before")) == {"before-0"}
+            # A pod seen through the watch: it streams on a connection open now.
+            direct.request("POST", pods, job_pod("before-1", "before", 1))
+            await async_wait_for(
+                "the watched pod", lambda: "before-1" in names(informer, (namespace, "before"))
+            )
+            before = inactive._value.get()
+            relay.freeze()  # the watch's connection: open, and silent
+            direct.request("POST", pods, job_pod("during-0", "during", 0))
+            await async_wait_for(
+                "the pod made while the watch was silent",
+                lambda: (namespace, "during") in informer.index,
+                timeout=30,
+            )
+            assert inactive._value.get() > before
+        finally:
+            informer.stop()
+
+    with relayed(cluster.api_client()) as (relay, api):
+        asyncio.run(scenario(relay, RawApi(api, counted=False)))
