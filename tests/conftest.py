@@ -1,8 +1,11 @@
 """Test tiers share fixtures from tests/fixtures/: every module there is a
 pytest plugin, so each tier's fixtures live in a file of their own."""
 
+import atexit
+import logging
 import os
 import signal
+import sys
 from pathlib import Path
 from types import FrameType
 
@@ -29,6 +32,31 @@ def pytest_configure(config: pytest.Config) -> None:
     global _session_pid
     _session_pid = os.getpid()
     signal.signal(signal.SIGTERM, _interrupted)
+    atexit.register(_exit_before_teardown)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    global _exit_status
+    _exit_status = int(session.exitstatus)
+
+
+def _exit_before_teardown() -> None:
+    """The session's process ends here, its verdict written, once the exit
+    handlers registered after this one have run (atexit runs them in reverse:
+    torch's, multiprocessing's, inductor's workers' shutdown), and skips the
+    interpreter's teardown of modules and C++ statics. The local tiers' process
+    has run torch in-process for a quarter of an hour by then, its native
+    threads (OpenMP, gloo, the compile workers' pools) still about, and once
+    it died of SIGSEGV there after every test had passed and the summary was
+    printed (exit 139, CI red with nothing to read). A crash in a test or in a
+    handler still shows: PYTHONFAULTHANDLER (dev/test-tiers.sh) prints it."""
+    if os.getpid() != _session_pid or _exit_status is None:
+        return  # a forked child, or a session that never finished: Python's own exit
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(_exit_status)
 
 
 def pytest_runtest_logfinish(nodeid: str, location: tuple[str, int | None, str]) -> None:
@@ -41,6 +69,7 @@ def pytest_runtest_logfinish(nodeid: str, location: tuple[str, int | None, str])
 
 _session_pid = 0
 _stopping = False
+_exit_status: int | None = None
 
 
 def _interrupted(signum: int, frame: FrameType | None) -> None:
