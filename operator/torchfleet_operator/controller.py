@@ -137,6 +137,9 @@ class Controller:
         # (status and bookkeeping aside), to recognise that write's own event.
         self._written_over: dict[str, dict[str, Any]] = {}
         self._written_at: dict[str, float] = {}  # by job uid: last status write (monotonic)
+        # Uids of the jobs another controller runs whose event was posted: no
+        # pass of theirs writes a status to remember it by (policy/managed.py).
+        self._left_alone: set[str] = set()
         self._api_failures: dict[JobKey, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.progress: ProgressPoller[JobKey] = ProgressPoller(
@@ -180,6 +183,7 @@ class Controller:
             self._last_status.pop(uid, None)
             self._written_over.pop(uid, None)
             self._written_at.pop(uid, None)
+            self._left_alone.discard(uid)
 
     def start(self) -> None:
         """Workers start at once but pass nothing until this replica leads; kopf's
@@ -376,6 +380,9 @@ class Controller:
         current = self._last_status.get(uid, body.get("status") or {})
         now = datetime.now(UTC)
         decided = plan(body, snapshot.observed, now, self.config, current)
+        if decided.managed_by is not None:
+            self._leave_alone(key, body, decided)
+            return None
         held = self._expectations.setdefault(key, _Expectations()).held
         still_held = bool(held)
         if _status_known_before_executing(decided):
@@ -411,6 +418,15 @@ class Controller:
             delay,
         )
         return _sooner(delay, self.config.resync_seconds or None)
+
+    def _leave_alone(self, key: JobKey, body: dict[str, Any], decided: Plan) -> None:
+        """A job another controller runs (spec.managedBy): nothing executed, no
+        status written, nothing requeued; its event posted once (the API server
+        refuses it again after a restart of this operator: EventSpec.once)."""
+        uid = body["metadata"].get("uid", "")
+        if uid not in self._left_alone:
+            self._left_alone.add(uid)
+            self.executor.post_events(key[0], body, decided.events)
 
     def _executed(
         self, key: JobKey, decided: Plan, result: ExecutionResult, snapshot: Snapshot

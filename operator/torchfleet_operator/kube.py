@@ -463,10 +463,13 @@ class Executor:
 
     def _post_event(self, namespace: str, job: dict[str, Any], event: EventSpec, now: str) -> None:
         meta = job["metadata"]
+        # A once-per-job event's name is fixed by the job's uid and the reason.
+        once = f"{meta.get('uid')}.{event.reason.lower()}"
+        suffix = once if event.once else uuid.uuid4().hex[:16]
         body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}", "namespace": namespace},
+            "metadata": {"name": f"{meta['name']}.{suffix}", "namespace": namespace},
             "involvedObject": {
                 "apiVersion": API_VERSION,
                 "kind": KIND,
@@ -485,6 +488,8 @@ class Executor:
         try:
             self.raw.request("POST", collection_path("v1", "Event", namespace), body, decode=False)
         except ApiException as exc:  # events are best effort; the status is the record
+            if event.once and exc.status == 409:
+                return  # posted before, by this operator before a restart or another replica
             self._failure("create", "Event", event.reason, exc)
 
     @staticmethod

@@ -56,6 +56,10 @@ class EventSpec:
     type: str  # Normal | Warning
     reason: str
     message: str
+    # Once per job: its name comes from the job's uid and the reason, so the API
+    # server refuses a second (a restarted operator, another replica). For an
+    # event no status transition of this operator's marks (policy/managed.py).
+    once: bool = False
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,9 @@ class Plan:
     worker_replacements: list[str] = field(default_factory=list)
     # Reasons of the in-place restarts this pass learned of (one per restart).
     in_place_reasons: list[str] = field(default_factory=list)
+    # spec.managedBy names this other controller: the pass executes nothing and
+    # writes no status (policy/managed.py); only its events are posted.
+    managed_by: str | None = None
 
     def wake_in(self, seconds: float | None) -> None:
         if seconds is None:

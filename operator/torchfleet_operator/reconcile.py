@@ -7,6 +7,7 @@ which the executor turns into no-ops (409 on create, 404 on delete).
 This module only dispatches: each decision is its policy's, whole
 (``policy/``), written into the pass (``planning.Pass``) in this order:
 
+* run by another controller (spec.managedBy): left alone (managed.py);
 * the spec: invalid or no longer understood (invalid.py);
 * finished: clean up, release Kueue's quota, the TTL (finish.py, ttl.py);
 * suspended (suspend.py); queued for Kueue (kueue.py);
@@ -49,6 +50,7 @@ from torchfleet_operator.policy import (
     in_place,
     invalid,
     kueue,
+    managed,
     reporting,
     success,
     suspend,
@@ -76,6 +78,9 @@ def plan(
     status: dict[str, Any] | None = None,
 ) -> Plan:
     """Decides one pass. ``status`` is the freshest known status (default: the body's)."""
+    manager = managed.manager_elsewhere(body.get("spec"))
+    if manager is not None:  # not even a deleted job's status is this operator's
+        return managed.left_alone(manager)
     if body["metadata"].get("deletionTimestamp"):
         return Plan()  # the garbage collector takes the children with it
     # Pods this operator already deleted count as terminating, even before the

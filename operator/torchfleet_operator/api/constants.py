@@ -43,6 +43,14 @@ KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
 KUEUE_PRIORITY_CLASS_LABEL: Final = "kueue.x-k8s.io/priority-class"
 VOLCANO_SCHEDULER: Final = "volcano"  # Volcano's scheduler name (its default --scheduler-name)
 
+# spec.managedBy: who runs the job. Unset, empty or MANAGED_BY_OPERATOR: this
+# operator; MANAGED_BY_MULTIKUEUE: Kueue's MultiKueue (it dispatches the job to a
+# worker cluster and mirrors its status back); any other value: another
+# controller. At most 63 characters, as a Job's and a JobSet's.
+MANAGED_BY_OPERATOR: Final = "torchfleet.dev/operator"
+MANAGED_BY_MULTIKUEUE: Final = "kueue.x-k8s.io/multikueue"
+MAX_MANAGED_BY_LENGTH: Final = 63
+
 # status.phase values.
 PHASE_PENDING: Final = "Pending"
 PHASE_RUNNING: Final = "Running"

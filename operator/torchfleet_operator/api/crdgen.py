@@ -197,7 +197,8 @@ def _printer_columns() -> list[dict[str, Any]]:
             "jsonPath": ".status.progress.percent",
             "description": "Training progress in percent",
         },
-        # -o wide only (priority 1): what the trainer last reported, and goodput.
+        # -o wide only (priority 1): what the trainer last reported, goodput, and
+        # who runs the job when another controller does (spec.managedBy).
         {
             "name": "Loss",
             "type": "number",
@@ -238,6 +239,13 @@ def _printer_columns() -> list[dict[str, Any]]:
             "type": "number",
             "jsonPath": ".status.goodput",
             "description": "Share of the time allowed to run spent on steps that were kept",
+            "priority": 1,
+        },
+        {
+            "name": "Managed-By",
+            "type": "string",
+            "jsonPath": ".spec.managedBy",
+            "description": "The controller that runs the job when it is not this operator",
             "priority": 1,
         },
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

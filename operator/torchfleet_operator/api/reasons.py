@@ -118,6 +118,8 @@ EVENT_IN_PLACE_RESTART: Final = "InPlaceRestart"  # the gang's processes, no new
 EVENT_SCALED_DOWN: Final = "ScaledDown"
 EVENT_SCALED_UP: Final = "ScaledUp"
 EVENT_SPEC_NOT_UNDERSTOOD: Final = CONDITION_SPEC_NOT_UNDERSTOOD
+# spec.managedBy names another controller: this operator leaves the job alone.
+EVENT_MANAGED_ELSEWHERE: Final = "ManagedElsewhere"
 
 # Failed reasons that delete every pod whatever cleanPodPolicy says: the job
 # ended for a reason its pods cannot explain further.

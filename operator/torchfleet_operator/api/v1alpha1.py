@@ -810,6 +810,20 @@ def _worker_resizes_only_when_elastic() -> Rule:
     )
 
 
+def _managed_by_is_immutable() -> Rule:
+    """spec.managedBy is fixed at creation (KEP-4368): set, changed or removed
+    later, two controllers would each take the other's job for their own."""
+    return Rule(
+        cel="has(self.managedBy) == has(oldSelf.managedBy) && "
+        "(!has(self.managedBy) || self.managedBy == oldSelf.managedBy)",
+        message="spec.managedBy is immutable: it cannot be set, changed or removed "
+        "after the job is created",
+        check=None,
+        field_path=".managedBy",
+        reason="FieldValueInvalid",
+    )
+
+
 # Set by torchrun per process, so wrong in a pod's command when it runs several.
 _PER_PROCESS_VARIABLES = ("$(RANK)", "$(WORLD_SIZE)")
 _PER_PROCESS_MESSAGE = (
@@ -913,6 +927,17 @@ class TrainingJobSpec(ApiModel):
         "queued in Kueue waits for its Workload's admission instead (status conditions "
         "QuotaReserved and Admitted).",
     )
+    managed_by: Annotated[str, StringConstraints(max_length=c.MAX_MANAGED_BY_LENGTH)] | None = (
+        Field(
+            None,
+            description=f"The controller that runs this job; immutable, as a Job's and a "
+            f"JobSet's. Unset, empty or '{c.MANAGED_BY_OPERATOR}': this operator. "
+            f"'{c.MANAGED_BY_MULTIKUEUE}': Kueue's MultiKueue dispatches the job to a worker "
+            "cluster and mirrors its status back. Any other value: another controller. This "
+            "operator creates no pods, Services, claims or PodGroups for a job managed "
+            "elsewhere and never writes its status (the other controller owns it).",
+        )
+    )
 
     rules = (
         Rule(
@@ -985,6 +1010,7 @@ class TrainingJobSpec(ApiModel):
             if field != "worker"
         ),
         _worker_resizes_only_when_elastic(),
+        _managed_by_is_immutable(),
     )
 
     # ---- derived values the operator uses ----

@@ -5,5 +5,6 @@ failure (restart or fail, back-off, lost nodes), elastic (replace alone,
 resize), kueue (gate, place, evict, release) over admission (Kueue's objects),
 gang (create what is missing, phase), success, deadline, suspend, finish
 (clean pods) with clean_pod and ttl, invalid (specs that do not parse),
-reporting (counts and progress). Pure: a planning.Pass in, decisions into it.
+reporting (counts and progress), managed (jobs another controller runs,
+spec.managedBy). Pure: a planning.Pass in, decisions into it.
 """

@@ -84,13 +84,14 @@ def test_names_subresources_and_columns() -> None:
     assert columns == [
         *("Phase", "Nodes", "Restarts", "Progress"),
         *("Loss", "Val-Loss", "Checkpoint", "Tokens/s", "MFU", "Goodput"),  # -o wide only
+        "Managed-By",  # -o wide only
         "Age",
     ]
     wide = {c["name"] for c in version["additionalPrinterColumns"] if c.get("priority") == 1}
-    assert wide == {"Loss", "Val-Loss", "Checkpoint", "Tokens/s", "MFU", "Goodput"}
+    assert wide == {"Loss", "Val-Loss", "Checkpoint", "Tokens/s", "MFU", "Goodput", "Managed-By"}
     for column in version["additionalPrinterColumns"][:-1]:
         path = column["jsonPath"].removeprefix(".").split(".")
-        assert _node(".".join(path)), column  # the column points at a real status field
+        assert _node(".".join(path)), column  # the column points at a real field
 
 
 def test_schema_is_structural() -> None:

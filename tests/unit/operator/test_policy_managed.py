@@ -1,0 +1,139 @@
+"""spec.managedBy: which jobs this operator runs, and what a pass does with
+the others (policy/managed.py, applied first in reconcile.plan)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from torchfleet_operator.api import constants as c
+from torchfleet_operator.api import reasons as r
+from torchfleet_operator.api.parse import parse_training_job
+from torchfleet_operator.controller import Controller, Snapshot
+from torchfleet_operator.kube import Executor
+from torchfleet_operator.observed import Observed
+from torchfleet_operator.planning import EventSpec
+from torchfleet_operator.policy.managed import manager_elsewhere
+from torchfleet_operator.reconcile import plan
+
+from .builders import CONFIG, at, gang, job, running_status
+
+
+@pytest.mark.parametrize(
+    ("spec", "manager"),
+    [
+        ({}, None),  # unset: this operator's
+        ({"managedBy": ""}, None),  # empty: this operator's, as unset
+        ({"managedBy": "torchfleet.dev/operator"}, None),  # this operator's own value
+        ({"managedBy": "kueue.x-k8s.io/multikueue"}, "kueue.x-k8s.io/multikueue"),
+        ({"managedBy": "example.com/other"}, "example.com/other"),  # any other controller
+        ({"managedBy": "torchfleet.dev/operator2"}, "torchfleet.dev/operator2"),  # not a prefix
+        ({"managedBy": " torchfleet.dev/operator"}, " torchfleet.dev/operator"),  # exact only
+        ({"managedBy": None}, None),  # null: unset
+        (None, None),  # no spec at all (the parse reports it)
+    ],
+)
+def test_who_runs_the_job(spec: Any, manager: str | None) -> None:
+    assert manager_elsewhere(spec) == manager
+
+
+def test_the_constants_are_the_values_the_description_names() -> None:
+    assert manager_elsewhere({"managedBy": c.MANAGED_BY_OPERATOR}) is None
+    assert manager_elsewhere({"managedBy": c.MANAGED_BY_MULTIKUEUE}) == c.MANAGED_BY_MULTIKUEUE
+
+
+def test_the_models_take_the_field_and_its_length_limit() -> None:
+    long = "x" * (c.MAX_MANAGED_BY_LENGTH + 1)
+    assert parse_training_job(job(managedBy=c.MANAGED_BY_MULTIKUEUE)).spec.managed_by == (
+        c.MANAGED_BY_MULTIKUEUE
+    )
+    with pytest.raises(ValueError, match="managedBy"):
+        parse_training_job(job(managedBy=long))
+
+
+def _deleting(body: dict[str, Any]) -> dict[str, Any]:
+    body["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return body
+
+
+ELSEWHERE = [
+    # a new job: this operator would create its Service and pods
+    ("new", job(managedBy=c.MANAGED_BY_MULTIKUEUE), Observed()),
+    # pods of its own name exist (made by someone): none deleted, none counted
+    ("pods exist", job(managedBy="example.com/other"), Observed(pods=gang("llm", 3))),
+    # the other controller wrote a status: not this operator's to change
+    (
+        "status mirrored",
+        job(managedBy=c.MANAGED_BY_MULTIKUEUE, status=running_status()),
+        Observed(pods=()),
+    ),
+    # a spec this operator cannot parse: still not this operator's to report on
+    ("spec not parsed", job(managedBy="example.com/other", nonsense=1), Observed()),
+    # being deleted: no status write either
+    ("deleting", _deleting(job(managedBy="example.com/other")), Observed()),
+]
+
+
+@pytest.mark.parametrize(
+    ("body", "seen"), [row[1:] for row in ELSEWHERE], ids=[r[0] for r in ELSEWHERE]
+)
+def test_a_job_managed_elsewhere_gets_nothing_but_one_event(body: Any, seen: Observed) -> None:
+    decided = plan(body, seen, at(0), CONFIG)
+    manager = body["spec"]["managedBy"]
+    assert decided.managed_by == manager
+    assert decided.create == [] and decided.delete == [] and decided.dry_run == []
+    assert decided.workload_patches == [] and not decided.delete_job
+    assert decided.status == {}  # and the shell writes none (controller._leave_alone)
+    assert decided.requeue_after is None  # nothing requeued: no hot loop
+    [event] = decided.events
+    assert (event.type, event.reason, event.once) == ("Normal", r.EVENT_MANAGED_ELSEWHERE, True)
+    assert f"spec.managedBy is {manager}" in event.message
+
+
+def test_the_event_says_what_multikueue_does() -> None:
+    [event] = plan(job(managedBy=c.MANAGED_BY_MULTIKUEUE), Observed(), at(0), CONFIG).events
+    assert "MultiKueue runs it on a worker cluster and mirrors its status" in event.message
+
+
+@pytest.mark.parametrize("value", ["", c.MANAGED_BY_OPERATOR])
+def test_this_operators_values_run_the_job_as_usual(value: str) -> None:
+    decided = plan(job(managedBy=value), Observed(), at(0), CONFIG, status={})
+    assert decided.managed_by is None
+    assert [m["kind"] for m in decided.create] == ["Service", "Pod", "Pod", "Pod"]
+    assert decided.status["phase"] == "Pending"
+
+
+class _EventsOnly(Executor):
+    """The shell's side of a pass of a job managed elsewhere: it may post the
+    event and nothing else (no children, no status write)."""
+
+    def __init__(self) -> None:
+        super().__init__(client.ApiClient(), 1)
+        self.posted: list[list[EventSpec]] = []
+
+    def post_events(self, namespace: str, job: dict[str, Any], events: Any) -> None:
+        self.posted.append(list(events))
+
+    def execute(self, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a job managed elsewhere executed a plan")
+
+    def write_status(self, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a job managed elsewhere got a status write")
+
+
+def test_the_shell_posts_the_event_once_writes_nothing_and_requeues_nothing() -> None:
+    async def passes() -> tuple[list[float | None], list[list[EventSpec]]]:
+        executor = _EventsOnly()
+        controller = Controller(CONFIG, executor)
+        body = job(managedBy=c.MANAGED_BY_MULTIKUEUE, status=running_status())
+        snapshot = Snapshot(body=body, observed=Observed())
+        delays = [controller.reconcile(("team", "llm"), snapshot) for _ in range(3)]
+        await controller.stop()
+        return delays, executor.posted
+
+    delays, posted = asyncio.run(passes())
+    assert delays == [None, None, None]  # no requeue, not even the resync's
+    assert [[e.reason for e in events] for events in posted] == [[r.EVENT_MANAGED_ELSEWHERE]]
