@@ -8,10 +8,13 @@ from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
+from prometheus_client import REGISTRY
 
 from tests.fixtures.operator import kwok_job_spec as spec
 from torchfleet_operator.api.constants import MANAGED_BY_MULTIKUEUE
 from torchfleet_operator.api.reasons import EVENT_MANAGED_ELSEWHERE
+from torchfleet_operator.kube import Executor
+from torchfleet_operator.policy.managed import left_alone
 
 pytestmark = pytest.mark.cluster
 
@@ -73,7 +76,9 @@ def _refusal(exc: ApiException) -> str:
     return " ".join(c.get("message", "") for c in json.loads(exc.body)["details"]["causes"])
 
 
-def test_managed_by_cannot_be_set_changed_or_removed_after_creation(job_driver, cluster, namespace):
+def test_managed_by_cannot_be_set_changed_or_removed_after_creation(
+    operator_crd, job_driver, cluster, namespace
+):
     job_driver.create(
         namespace, "other", spec(workers=1, managedBy="example.com/other", suspend=True)
     )
@@ -93,3 +98,22 @@ def test_managed_by_cannot_be_set_changed_or_removed_after_creation(job_driver, 
 
     assert (job_driver.get(namespace, "other") or {})["spec"]["managedBy"] == "example.com/other"
     assert "managedBy" not in (job_driver.get(namespace, "plain") or {})["spec"]
+
+
+def test_the_event_is_posted_once_per_job_by_a_restarted_operator_too(
+    operator_crd, job_driver, cluster, namespace
+):
+    """A restarted operator (or a second replica) remembers no event it posted:
+    the API server refuses the second by its name, and that is no failure."""
+    manager = "example.com/other"
+    body = job_driver.create(namespace, "twice", spec(workers=1, managedBy=manager))
+    [event] = left_alone(manager).events
+    refused = {"verb": "create", "resource": "Event", "code": "409"}
+    errors_before = REGISTRY.get_sample_value("torchfleet_operator_api_errors_total", refused)
+    for _ in range(2):  # a first operator, then a restarted one
+        executor = Executor(cluster.api_client(), 1)
+        executor._post_event(namespace, body, event, "2026-01-01T00:00:00Z")
+        executor.close()
+    assert len(_left_alone_events(job_driver, namespace, "twice")) == 1
+    errors_after = REGISTRY.get_sample_value("torchfleet_operator_api_errors_total", refused)
+    assert errors_after == errors_before
