@@ -1,6 +1,6 @@
 """`kubectl get tj -o wide` on a real API server: the wide columns (loss,
-validation loss, checkpoint, tokens/s, MFU, goodput) show a status the
-operator's own code produced, and the plain table keeps its columns."""
+validation loss, checkpoint, tokens/s, MFU, goodput; spec.managedBy) show a
+status the operator's own code produced, and the plain table keeps its columns."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def test_wide_columns_show_losses_checkpoint_throughput_mfu_and_goodput(
     body = json.dumps([{"op": "add", "path": "/status", "value": status}])
     patch = ("patch", "tj", "wide", "-n", namespace, "--subresource=status", "--type=json")
     expected = ["wide", "Running", "4/4", "1", "42", "1.93", "2.05", "400", "51234.5", "0.41"]
-    expected.append(str(fraction))
+    expected.append(str(fraction))  # then Managed-By, empty: no spec.managedBy
     # An operator under test elsewhere may write its own status between our
     # write and our read: the stored status is checked in the patch's own
     # response, and the table is retried after a fresh write.
@@ -100,7 +100,8 @@ def test_wide_columns_show_losses_checkpoint_throughput_mfu_and_goodput(
     else:
         pytest.fail(f"the wide columns never showed the status: {table}")
     header = ["NAME", "PHASE", "NODES", "RESTARTS", "PROGRESS"]
-    wide_header = ["LOSS", "VAL-LOSS", "CHECKPOINT", "TOKENS/S", "MFU", "GOODPUT", "AGE"]
+    wide_header = ["LOSS", "VAL-LOSS", "CHECKPOINT", "TOKENS/S", "MFU", "GOODPUT", "MANAGED-BY"]
+    wide_header.append("AGE")
     assert table[0].split() == [*header, *wide_header]
     plain = cluster.kubectl("get", "tj", "wide", "-n", namespace).stdout.splitlines()
     assert plain[0].split() == [*header, "AGE"]  # priority 1: -o wide only
