@@ -1,0 +1,341 @@
+"""The ``torchfleet`` command (also ``kubectl torchfleet``): run, attach, ls,
+describe, logs, delete. kubectl's conventions: ``KUBECONFIG``, ``--context``,
+``-n/--namespace`` on every verb, ``-o yaml|json`` on listings.
+
+Argument parsing and terminal drawing only (click, rich); the verbs' work is
+the client's (client.py), the words shown are progress.py's.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import click
+import yaml
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from torchfleet_cli import manifest, progress
+from torchfleet_cli.client import Client, Job, JobNotFound
+from torchfleet_cli.packing import PackingError
+from torchfleet_operator.api import InvalidSpecError, TrainingJobStatus
+from torchfleet_operator.api.constants import PHASE_SUCCEEDED
+from torchfleet_operator.api.parse import read_status
+
+# Exit status of a detached `run` or `attach` (Ctrl-C), as a shell's for SIGINT.
+EXIT_DETACHED = 130
+POLL_SECONDS = 1.0
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class ProcsPerNode(click.ParamType):
+    """A positive integer or ``gpu`` (one process per GPU)."""
+
+    name = "N|gpu"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, int) or value == "gpu":
+            return value
+        try:
+            number = int(value)
+        except ValueError:
+            number = 0
+        if number < 1:
+            self.fail(f"{value!r} is neither a positive integer nor 'gpu'", param, ctx)
+        return number
+
+
+def kube_options(command: F) -> F:
+    """kubectl's connection flags, accepted after every verb."""
+
+    @click.option("--kubeconfig", envvar="KUBECONFIG", help="Kubeconfig file (as kubectl's).")
+    @click.option("--context", help="Kubeconfig context to use.")
+    @click.option("-n", "--namespace", help="Namespace (default: the context's).")
+    @functools.wraps(command)
+    def wrapped(
+        kubeconfig: str | None, context: str | None, namespace: str | None, **kwargs: Any
+    ) -> Any:
+        return command(
+            lambda: Client(kubeconfig=kubeconfig, context=context, namespace=namespace),
+            **kwargs,
+        )
+
+    return wrapped  # type: ignore[return-value]
+
+
+def output_option(command: F) -> F:
+    return click.option(
+        "-o", "--output", type=click.Choice(["yaml", "json"]), help="Print the objects as is."
+    )(command)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """Run your own training script on Kubernetes as a torchfleet TrainingJob."""
+
+
+def main() -> None:
+    """The console scripts' entry: the API server's refusals read as kubectl's."""
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.config import ConfigException
+
+    try:
+        cli(prog_name="torchfleet")
+    except ApiException as error:
+        click.echo(f"Error from server ({error.reason}): {_server_message(error)}", err=True)
+        sys.exit(1)
+    except ConfigException as error:
+        click.echo(f"error: no cluster to talk to: {error}", err=True)
+        sys.exit(1)
+
+
+def _server_message(error: Any) -> str:
+    try:
+        return str(json.loads(error.body)["message"])
+    except (TypeError, ValueError, KeyError):
+        return str(error.body or error)
+
+
+@cli.command(context_settings={"show_default": True})
+@click.argument("script_or_folder", type=click.Path(exists=True))
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--nodes", type=click.IntRange(min=1), default=1, help="Pods (one per node).")
+@click.option(
+    "--procs-per-node", type=ProcsPerNode(), default="1", help="Processes per pod, or 'gpu'."
+)
+@click.option("--gpus", type=click.IntRange(min=0), default=0, help="GPUs per pod.")
+@click.option("--image", default=manifest.DEFAULT_IMAGE, help="Container image with torch.")
+@click.option("--name", help="Job name (default: the script's name and a random suffix).")
+@click.option("--entry", help="A folder's script to run (default: train.py).")
+@click.option("--detach", is_flag=True, help="Create the job and return at once.")
+@kube_options
+def run(
+    connect: Callable[[], Client],
+    script_or_folder: str,
+    args: tuple[str, ...],
+    nodes: int,
+    procs_per_node: int | str,
+    gpus: int,
+    image: str,
+    name: str | None,
+    entry: str | None,
+    detach: bool,
+) -> None:
+    """Pack SCRIPT_OR_FOLDER into a ConfigMap and run it with torchrun on
+    --nodes pods; arguments after `--` go to the script. Without --detach,
+    show its progress until it ends (Ctrl-C detaches)."""
+    try:
+        job = connect().run(
+            script_or_folder,
+            nodes=nodes,
+            procs_per_node=procs_per_node,
+            args=args,
+            image=image,
+            name=name,
+            entry=entry,
+            gpus=gpus,
+        )
+    except (PackingError, InvalidSpecError, ValueError) as error:
+        raise click.UsageError(str(error)) from None
+    click.echo(f"trainingjob.torchfleet.dev/{job.name} created in namespace {job.namespace}")
+    if not detach:
+        follow(job)
+
+
+@cli.command()
+@click.argument("job")
+@kube_options
+def attach(connect: Callable[[], Client], job: str) -> None:
+    """Show JOB's progress until it ends (Ctrl-C detaches again)."""
+    follow(_job(connect(), job))
+
+
+@cli.command(name="ls")
+@click.option("-A", "--all-namespaces", is_flag=True, help="Jobs of every namespace.")
+@output_option
+@kube_options
+def list_jobs(connect: Callable[[], Client], all_namespaces: bool, output: str | None) -> None:
+    """List the TrainingJobs."""
+    items = connect().list_raw(all_namespaces=all_namespaces)
+    if output:
+        _print_objects({"apiVersion": "v1", "kind": "List", "items": items}, output)
+        return
+    table = Table(box=None, header_style="bold")
+    columns = ["NAME", "PHASE", "NODES", "STEP", "LOSS", "RESTARTS", "AGE"]
+    if all_namespaces:
+        columns.insert(0, "NAMESPACE")
+    for column in columns:
+        table.add_column(column)
+    for item in items:
+        table.add_row(*_row(item, all_namespaces))
+    Console().print(table)
+
+
+@cli.command()
+@click.argument("job")
+@kube_options
+def describe(connect: Callable[[], Client], job: str) -> None:
+    """Phase, conditions, progress, restarts and the last checkpoint of JOB."""
+    raw = _job(connect(), job).get()
+    click.echo(describe_text(raw))
+
+
+@cli.command()
+@click.argument("job")
+@click.option("--rank", type=click.IntRange(min=0), default=0, help="Node rank of the pod.")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing as lines come.")
+@kube_options
+def logs(connect: Callable[[], Client], job: str, rank: int, follow: bool) -> None:
+    """The trainer's log of JOB's live pod of node rank --rank."""
+    try:
+        found = connect().logs(job, rank=rank, follow=follow)
+    except JobNotFound as error:
+        raise click.ClickException(str(error)) from None
+    if isinstance(found, str):
+        click.echo(found, nl=False)
+        return
+    try:
+        for line in found:
+            click.echo(line)
+    except KeyboardInterrupt:
+        sys.exit(EXIT_DETACHED)
+
+
+@cli.command()
+@click.argument("job")
+@kube_options
+def delete(connect: Callable[[], Client], job: str) -> None:
+    """Delete JOB; its pods and its code's ConfigMap go with it."""
+    client = connect()
+    try:
+        client.delete(job)
+    except JobNotFound as error:
+        raise click.ClickException(str(error)) from None
+    click.echo(f"trainingjob.torchfleet.dev/{job} deleted")
+
+
+# ---- following a job ----
+
+
+def follow(job: Job) -> None:
+    """A live bar from the job's status until it ends: exit 0 if it succeeded,
+    1 with the failure's reason if it failed, 130 on Ctrl-C (it keeps running)."""
+    console = Console(stderr=True)
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[line]}"),
+        TimeElapsedColumn(),
+        console=console,
+    )
+    before: TrainingJobStatus | None = None
+    try:
+        with bar:
+            task = bar.add_task(job.name, total=None, line="")
+            while True:
+                try:
+                    status = job.status
+                except JobNotFound:
+                    raise click.ClickException(f"{job.name} was deleted") from None
+                for line in progress.changes(before, status):
+                    bar.console.print(line)
+                shown = status.progress
+                bar.update(
+                    task,
+                    total=shown.total_steps if shown else None,
+                    completed=shown.step if shown else 0,
+                    line=progress.progress_line(status),
+                )
+                before = status
+                if status.phase in progress.FINAL_PHASES:
+                    break
+                time.sleep(POLL_SECONDS)
+    except KeyboardInterrupt:
+        again = f"torchfleet attach {job.name} -n {job.namespace}"
+        console.print(f"Detached; {job.name} keeps running. Re-attach: {again}")
+        sys.exit(EXIT_DETACHED)
+    if status.phase != PHASE_SUCCEEDED:
+        raise click.ClickException(f"{job.name} failed: {progress.failure_reason(status)}")
+
+
+# ---- printing ----
+
+
+def _job(client: Client, name: str) -> Job:
+    try:
+        return client.get(name)
+    except JobNotFound as error:
+        raise click.ClickException(str(error)) from None
+
+
+def _print_objects(objects: dict[str, Any], output: str) -> None:
+    if output == "json":
+        click.echo(json.dumps(objects, indent=2))
+    else:
+        click.echo(yaml.safe_dump(objects, sort_keys=False), nl=False)
+
+
+def _age(created: str | None, now: datetime | None = None) -> str:
+    if not created:
+        return ""
+    then = datetime.fromisoformat(created.replace("Z", "+00:00"))
+    return progress.duration(((now or datetime.now(UTC)) - then).total_seconds())
+
+
+def _row(item: dict[str, Any], with_namespace: bool) -> list[str]:
+    meta = item["metadata"]
+    status = read_status(item.get("status"))
+    shown = status.progress
+    step = ""
+    if shown is not None:
+        step = f"{shown.step}/{shown.total_steps}" if shown.total_steps else str(shown.step)
+    loss = f"{shown.loss:.4g}" if shown is not None and shown.loss is not None else ""
+    row = [
+        meta["name"],
+        status.phase or "",
+        status.nodes_ready or "",
+        step,
+        loss,
+        str(status.restarts),
+        _age(meta.get("creationTimestamp")),
+    ]
+    return [meta["namespace"], *row] if with_namespace else row
+
+
+def describe_text(raw: dict[str, Any]) -> str:
+    """What ``describe`` prints for one TrainingJob."""
+    meta, status = raw["metadata"], read_status(raw.get("status"))
+    lines = [
+        f"Name:        {meta['name']}",
+        f"Namespace:   {meta['namespace']}",
+        f"Phase:       {status.phase or 'Pending'}",
+        f"Nodes ready: {status.nodes_ready or '-'}",
+        f"Progress:    {progress.progress_line(status)}",
+        f"Restarts:    {status.restart_count} gang, "
+        f"{status.in_place_restarts.total if status.in_place_restarts else 0} in place, "
+        f"{status.disruptions} disruptions",
+    ]
+    checkpoint = status.last_checkpoint
+    if checkpoint is not None:
+        at = f" at {checkpoint.time.isoformat()}" if checkpoint.time else ""
+        where = f" in {checkpoint.path}" if checkpoint.path else ""
+        lines.append(f"Checkpoint:  step {checkpoint.step}{at}{where}")
+    else:
+        lines.append("Checkpoint:  none yet")
+    if status.goodput is not None:
+        lines.append(f"Goodput:     {status.goodput:.0%}")
+    lines.append("Conditions:")
+    for condition in status.conditions or ():
+        why = progress.explained(condition)
+        lines.append(f"  {condition.type}={condition.status}" + (f"  {why}" if why else ""))
+    if not status.conditions:
+        lines.append("  none yet")
+    return "\n".join(lines)

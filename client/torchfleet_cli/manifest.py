@@ -1,0 +1,115 @@
+"""The TrainingJob and ConfigMap that ``torchfleet run`` creates, as a user
+would write them by hand (examples/byo-torchrun.yaml): the packed script
+mounted at /workspace in both roles, ``torchrun`` as the command.
+
+Pure: plain data in, manifests out; the job is checked against the same
+pydantic models the CRD is generated from before anything is sent.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import string
+from typing import Any
+
+from torchfleet_cli.packing import MOUNT_PATH, Package
+from torchfleet_operator.api import API_VERSION, KIND, parse_training_job
+from torchfleet_operator.api.constants import MAX_JOB_NAME_LENGTH, TRAINER_CONTAINER_NAME
+from torchfleet_operator.desired.labels import JOB_NAME_LABEL
+
+# The examples' image for a script of the user's own (examples/byo-torchrun.yaml).
+DEFAULT_IMAGE = "pytorch/pytorch:2.9.0-cuda12.8-cudnn9-runtime"
+CODE_VOLUME = "code"
+_SUFFIX_LENGTH = 5
+
+
+def job_name(script: str) -> str:
+    """A fresh job name from the script's name: ``train.py`` -> ``train-x7k2p``."""
+    stem = re.sub(r"[^a-z0-9-]+", "-", script.lower().rsplit("/", 1)[-1].removesuffix(".py"))
+    stem = stem.strip("-") or "job"
+    if not stem[0].isalpha():
+        stem = f"job-{stem}"
+    stem = stem[: MAX_JOB_NAME_LENGTH - _SUFFIX_LENGTH - 1].rstrip("-")
+    alphabet = string.ascii_lowercase + string.digits
+    return f"{stem}-{''.join(secrets.choice(alphabet) for _ in range(_SUFFIX_LENGTH))}"
+
+
+def code_configmap_name(job: str) -> str:
+    return f"{job}-code"
+
+
+def _template(package: Package, configmap: str) -> dict[str, Any]:
+    return {
+        "spec": {
+            "volumes": [
+                {
+                    "name": CODE_VOLUME,
+                    "configMap": {"name": configmap, "items": package.items},
+                }
+            ],
+            "containers": [
+                {
+                    "name": TRAINER_CONTAINER_NAME,
+                    "workingDir": MOUNT_PATH,
+                    "volumeMounts": [{"name": CODE_VOLUME, "mountPath": MOUNT_PATH}],
+                }
+            ],
+        }
+    }
+
+
+def training_job(
+    name: str,
+    package: Package,
+    *,
+    nodes: int = 1,
+    procs_per_node: int | str = 1,
+    args: list[str] | tuple[str, ...] = (),
+    image: str = DEFAULT_IMAGE,
+    gpus: int = 0,
+) -> dict[str, Any]:
+    """The TrainingJob running ``torchrun <entry> <args>`` on ``nodes`` pods;
+    raises :class:`torchfleet_operator.api.InvalidSpecError` naming a bad field."""
+    if nodes < 1:
+        raise ValueError(f"nodes must be at least 1, not {nodes}")
+    template = _template(package, code_configmap_name(name))
+    spec: dict[str, Any] = {
+        "image": image,
+        "processesPerNode": procs_per_node,
+        "command": ["torchrun", package.entry_path],
+        "master": {"template": template},
+        "worker": {"replicas": nodes - 1, "template": template},
+    }
+    if args:
+        spec["args"] = list(args)
+    if gpus:
+        spec["resources"] = {"gpus": gpus}
+    body = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name}, "spec": spec}
+    parse_training_job(body)
+    return body
+
+
+def code_configmap(job: str, package: Package) -> dict[str, Any]:
+    """The ConfigMap holding the packed code (its owner reference is added once
+    the job exists: :func:`owner_reference`)."""
+    body: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": code_configmap_name(job), "labels": {JOB_NAME_LABEL: job}},
+        "data": package.data,
+    }
+    if package.binary_data:
+        body["binaryData"] = package.binary_data
+    return body
+
+
+def owner_reference(job: dict[str, Any]) -> dict[str, Any]:
+    """The created job as the owner of its code: deleting the job deletes it."""
+    meta = job["metadata"]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": meta["name"],
+        "uid": meta["uid"],
+    }

@@ -1,0 +1,132 @@
+"""The command's argument parsing (click parses; nothing reaches a cluster),
+and the refusals that come before anything is sent: a script past the
+ConfigMap limit, a job name the API would refuse."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from torchfleet_cli import cli as command
+from torchfleet_cli.manifest import DEFAULT_IMAGE
+from torchfleet_cli.packing import CONFIGMAP_LIMIT_BYTES
+
+# A kubeconfig for a server that is not there: a command that reached it would
+# fail with a connection error, not with the refusals these tests expect.
+NOWHERE = """
+apiVersion: v1
+kind: Config
+clusters: [{name: nowhere, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: someone, user: {token: none}}]
+contexts: [{name: nowhere, context: {cluster: nowhere, user: someone, namespace: team}}]
+current-context: nowhere
+"""
+
+
+def parsed(verb: click.Command, *args: str) -> dict[str, Any]:
+    with verb.make_context(verb.name, list(args)) as ctx:
+        return dict(ctx.params)
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text("print('hi')\n")
+    return path
+
+
+def test_run_takes_the_sizes_and_passes_what_follows_dashes_to_the_script(script: Path) -> None:
+    params = parsed(
+        command.run, str(script), "--nodes", "4", "--procs-per-node", "gpu", "--gpus", "8",
+        "-n", "team", "--context", "prod", "--", "--lr", "0.1", "-v",
+    )  # fmt: skip
+    assert params["nodes"] == 4 and params["procs_per_node"] == "gpu" and params["gpus"] == 8
+    assert params["args"] == ("--lr", "0.1", "-v")
+    assert (params["namespace"], params["context"]) == ("team", "prod")
+    assert params["image"] == DEFAULT_IMAGE and params["detach"] is False
+
+
+def test_run_defaults_to_one_node_and_one_process(script: Path) -> None:
+    params = parsed(command.run, str(script))
+    assert (params["nodes"], params["procs_per_node"], params["args"]) == (1, 1, ())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--nodes", "0"], "0 is not in the range x>=1"),
+        (["--procs-per-node", "0"], "'0' is neither a positive integer nor 'gpu'"),
+        (["--procs-per-node", "gpus"], "'gpus' is neither a positive integer nor 'gpu'"),
+        # A script's own option needs `--` before it.
+        (["--epochs", "3"], "No such option '--epochs'"),
+    ],
+)
+def test_run_refuses_bad_arguments(script: Path, args: list[str], message: str) -> None:
+    with pytest.raises(click.UsageError, match=re.escape(message)):
+        parsed(command.run, str(script), *args)
+
+
+def test_run_refuses_a_script_that_is_not_there(tmp_path: Path) -> None:
+    with pytest.raises(click.UsageError, match="does not exist"):
+        parsed(command.run, str(tmp_path / "missing.py"))
+
+
+def test_kubeconfig_comes_from_the_environment_as_kubectls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", "/somewhere/config")
+    assert parsed(command.list_jobs)["kubeconfig"] == "/somewhere/config"
+    assert parsed(command.list_jobs, "--kubeconfig", "/other")["kubeconfig"] == "/other"
+
+
+def test_listings_print_yaml_or_json_only() -> None:
+    assert parsed(command.list_jobs, "-o", "json", "-A")["output"] == "json"
+    with pytest.raises(click.UsageError, match=re.escape("'xml' is not one of 'yaml', 'json'")):
+        parsed(command.list_jobs, "-o", "xml")
+
+
+def test_logs_takes_a_rank_and_follow() -> None:
+    params = parsed(command.logs, "job", "--rank", "3", "-f", "-n", "team")
+    assert (params["job"], params["rank"], params["follow"]) == ("job", 3, True)
+
+
+def test_a_script_past_the_configmap_limit_is_refused_before_the_cluster_is_asked(
+    tmp_path: Path, script: Path
+) -> None:
+    (tmp_path / "kubeconfig").write_text(NOWHERE)
+    script.write_bytes(b"#" * CONFIGMAP_LIMIT_BYTES)
+    result = CliRunner().invoke(
+        command.cli, ["run", str(script), "--kubeconfig", str(tmp_path / "kubeconfig")]
+    )
+    assert result.exit_code == 2, result.output
+    assert "over the ConfigMap limit" in result.output
+    assert "build the code into your image" in result.output
+
+
+def test_a_name_the_api_would_refuse_is_refused_naming_the_field(
+    tmp_path: Path, script: Path
+) -> None:
+    (tmp_path / "kubeconfig").write_text(NOWHERE)
+    result = CliRunner().invoke(
+        command.cli,
+        ["run", str(script), "--name", "Bad_Name", "--kubeconfig", str(tmp_path / "kubeconfig")],
+    )
+    assert result.exit_code == 2, result.output
+    assert "metadata.name" in result.output
+
+
+def test_importing_the_command_and_client_imports_no_torch() -> None:
+    code = (
+        "import sys, torchfleet_cli, torchfleet_cli.cli\n"
+        "torchfleet_cli.Client\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
