@@ -1,0 +1,149 @@
+"""The ``torchfleet`` command against a real API server and operator, run as a
+user runs it (the installed console script, a subprocess): ``run --detach``
+packs the script into a ConfigMap the job owns and creates the job, the
+operator makes its pods; ``ls -o json`` lists it; ``describe`` shows its
+phase; ``delete`` removes the job and the garbage collector its code."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fixtures.poll import wait_for
+
+pytestmark = pytest.mark.cluster
+
+TORCHFLEET = Path(sys.executable).parent / "torchfleet"
+SCRIPT = "import torch.distributed as dist\ndist.init_process_group('gloo')\n"
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text(SCRIPT)
+    return path
+
+
+def torchfleet(
+    cluster: Any, namespace: str, verb: str, *args: str
+) -> subprocess.CompletedProcess[str]:
+    """``torchfleet VERB --kubeconfig K -n NS ARGS...`` (before a ``--`` in ARGS)."""
+    out = subprocess.run(
+        [str(TORCHFLEET), verb, "--kubeconfig", cluster.kubeconfig, "-n", namespace, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, f"torchfleet {' '.join(args)} exited {out.returncode}: {out}"
+    return out
+
+
+def test_run_ls_describe_delete(
+    cluster: Any, shared_operator: Any, job_driver: Any, namespace: str, script: Path
+) -> None:
+    created = torchfleet(
+        cluster, namespace, "run", str(script), "--nodes", "2", "--name", "cli",
+        "--detach", "--", "--epochs", "3",
+    )  # fmt: skip
+    assert "trainingjob.torchfleet.dev/cli created" in created.stdout
+
+    job = job_driver.get(namespace, "cli")
+    assert job["spec"]["command"] == ["torchrun", "/workspace/train.py"]
+    assert job["spec"]["args"] == ["--epochs", "3"] and job["spec"]["worker"]["replicas"] == 1
+    code = job_driver.get_core(namespace, "configmaps", "cli-code")
+    assert code["data"] == {"train.py": SCRIPT}
+    owners = [
+        (owner["kind"], owner["name"], owner["uid"])
+        for owner in code["metadata"].get("ownerReferences") or ()
+    ]
+    assert owners == [("TrainingJob", "cli", job["metadata"]["uid"])], code["metadata"]
+
+    pods = wait_for(
+        "the operator's two pods of cli",
+        lambda: len(p := job_driver.live_pods(namespace, "cli")) == 2 and p,
+    )
+    for pod in pods:
+        [volume] = [v for v in pod["spec"]["volumes"] if v["name"] == "code"]
+        assert volume["configMap"]["name"] == "cli-code"
+
+    listed = json.loads(torchfleet(cluster, namespace, "ls", "-o", "json").stdout)
+    assert [item["metadata"]["name"] for item in listed["items"]] == ["cli"]
+
+    job_driver.wait_phase(namespace, "cli", "Running")
+    described = torchfleet(cluster, namespace, "describe", "cli").stdout
+    assert "Name:        cli" in described and "Phase:       Running" in described
+    assert "Running=True  GangRunning: all 2 pods are running" in described, described
+
+    torchfleet(cluster, namespace, "delete", "cli")
+    wait_for("cli deleted", lambda: job_driver.get(namespace, "cli") is None)
+    wait_for(
+        "the garbage collector to delete cli-code",
+        lambda: job_driver.get_core(namespace, "configmaps", "cli-code") is None,
+        timeout=90,
+    )
+
+
+def start(cluster: Any, namespace: str, verb: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [str(TORCHFLEET), verb, "--kubeconfig", cluster.kubeconfig, "-n", namespace, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def ended(command: subprocess.Popen[str]) -> tuple[int, str]:
+    """The command's exit status and all it printed, once it exits."""
+    stdout, stderr = command.communicate(timeout=90)
+    return command.returncode, stdout + stderr
+
+
+def test_run_follows_the_job_to_success_and_exits_0(
+    cluster: Any, shared_operator: Any, job_driver: Any, namespace: str, script: Path
+) -> None:
+    command = start(cluster, namespace, "run", str(script), "--name", "ok")
+    [pod] = job_driver.wait_running_pods(namespace, "ok", 1)
+    job_driver.succeed_pod(namespace, pod["metadata"]["name"])
+    code, printed = ended(command)
+    assert code == 0, printed
+    assert "trainingjob.torchfleet.dev/ok created" in printed
+    # The phases it saw before depend on when it looked (once a second): the
+    # operator may write none before Succeeded on a loaded machine.
+    assert re.search(r"^((Pending|Running) -> )?Succeeded$", printed, re.M), printed
+
+
+def test_attach_exits_non_zero_with_the_failures_reason(
+    cluster: Any, shared_operator: Any, job_driver: Any, namespace: str, script: Path
+) -> None:
+    torchfleet(cluster, namespace, "run", str(script), "--name", "bad", "--detach")
+    job_driver.patch(namespace, "bad", {"spec": {"runPolicy": {"backoffLimit": 0}}})
+    command = start(cluster, namespace, "attach", "bad")
+    [pod] = job_driver.wait_running_pods(namespace, "bad", 1)
+    job_driver.fail_pod(namespace, pod["metadata"]["name"], exit_code=3)
+    code, printed = ended(command)
+    assert code == 1, printed
+    assert "Error: bad failed: BackoffLimitExceeded: pod bad-master-0" in printed
+    assert "exit code 3" in printed
+
+
+def test_ctrl_c_detaches_saying_how_to_attach_again_and_the_job_runs_on(
+    cluster: Any, shared_operator: Any, job_driver: Any, namespace: str, script: Path
+) -> None:
+    command = start(cluster, namespace, "run", str(script), "--name", "held")
+    # The command follows the job from the moment it exists; Running comes
+    # seconds later (the pods scheduled and started), so Ctrl-C lands in there.
+    job_driver.wait_phase(namespace, "held", "Running")
+    command.send_signal(signal.SIGINT)
+    code, printed = ended(command)
+    assert code == 130, printed
+    assert f"Detached; held keeps running. Re-attach: torchfleet attach held -n {namespace}" in (
+        " ".join(printed.split())
+    )
+    assert job_driver.status(namespace, "held")["phase"] == "Running"
