@@ -7,6 +7,7 @@ phase; ``delete`` removes the job and the garbage collector its code."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -75,6 +76,17 @@ def test_run_ls_describe_delete(
 
     listed = json.loads(torchfleet(cluster, namespace, "ls", "-o", "json").stdout)
     assert [item["metadata"]["name"] for item in listed["items"]] == ["cli"]
+    # As a kubectl plugin (kubectl runs kubectl-torchfleet from PATH), the
+    # cluster found through KUBECONFIG.
+    plugin = subprocess.run(
+        [str(cluster.bin_dir / "kubectl"), "torchfleet", "ls", "-n", namespace, "-o", "json"],
+        env={**os.environ, "PATH": str(TORCHFLEET.parent), "KUBECONFIG": cluster.kubeconfig},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert plugin.returncode == 0, plugin.stderr
+    assert json.loads(plugin.stdout) == listed
 
     job_driver.wait_phase(namespace, "cli", "Running")
     described = torchfleet(cluster, namespace, "describe", "cli").stdout

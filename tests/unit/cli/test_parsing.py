@@ -130,3 +130,18 @@ def test_importing_the_command_and_client_imports_no_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_namespace_is_the_contexts_as_kubectls(tmp_path: Path) -> None:
+    from torchfleet_cli import Client
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        NOWHERE.replace(
+            "contexts: [",
+            "contexts: [{name: other, context: {cluster: nowhere, user: someone}}, ",
+        )
+    )
+    assert Client(kubeconfig=str(kubeconfig)).namespace == "team"
+    assert Client(kubeconfig=str(kubeconfig), context="other").namespace == "default"
+    assert Client(kubeconfig=str(kubeconfig), namespace="mine").namespace == "mine"
