@@ -73,6 +73,11 @@ def test_run_ls_describe_delete(
     for pod in pods:
         [volume] = [v for v in pod["spec"]["volumes"] if v["name"] == "code"]
         assert volume["configMap"]["name"] == "cli-code"
+        [trainer] = [c for c in pod["spec"]["containers"] if c["name"] == "trainer"]
+        assert trainer["workingDir"] == "/workspace"
+        assert {"name": "code", "mountPath": "/workspace"} in [
+            {key: m[key] for key in ("name", "mountPath")} for m in trainer["volumeMounts"]
+        ]
 
     listed = json.loads(torchfleet(cluster, namespace, "ls", "-o", "json").stdout)
     assert [item["metadata"]["name"] for item in listed["items"]] == ["cli"]
