@@ -115,6 +115,18 @@ def _server_message(error: Any) -> str:
 @click.option("--image", default=manifest.DEFAULT_IMAGE, help="Container image with torch.")
 @click.option("--name", help="Job name (default: the script's name and a random suffix).")
 @click.option("--entry", help="A folder's script to run (default: train.py).")
+@click.option(
+    "--node-selector",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Run only on nodes with this label (repeatable).",
+)
+@click.option(
+    "--toleration",
+    multiple=True,
+    metavar="KEY=VALUE:EFFECT",
+    help="Tolerate this taint (repeatable; KEY:EFFECT for any value).",
+)
 @click.option("--detach", is_flag=True, help="Create the job and return at once.")
 @kube_options
 def run(
@@ -127,12 +139,16 @@ def run(
     image: str,
     name: str | None,
     entry: str | None,
+    node_selector: tuple[str, ...],
+    toleration: tuple[str, ...],
     detach: bool,
 ) -> None:
     """Pack SCRIPT_OR_FOLDER into a ConfigMap and run it with torchrun on
     --nodes pods; arguments after `--` go to the script. Without --detach,
     show its progress until it ends (Ctrl-C detaches)."""
     try:
+        selector = dict(_label(text) for text in node_selector)
+        tolerations = [manifest.toleration(text) for text in toleration]
         job = connect().run(
             script_or_folder,
             nodes=nodes,
@@ -142,6 +158,8 @@ def run(
             name=name,
             entry=entry,
             gpus=gpus,
+            node_selector=selector,
+            tolerations=tolerations,
         )
     except (PackingError, InvalidSpecError, ValueError) as error:
         raise click.UsageError(str(error)) from None
@@ -264,6 +282,13 @@ def follow(job: Job) -> None:
         sys.exit(EXIT_DETACHED)
     if status.phase != PHASE_SUCCEEDED:
         raise click.ClickException(f"{job.name} failed: {progress.failure_reason(status)}")
+
+
+def _label(text: str) -> tuple[str, str]:
+    key, equals, value = text.partition("=")
+    if not key or not equals:
+        raise ValueError(f"node selector {text!r}: want KEY=VALUE")
+    return key, value
 
 
 # ---- printing ----

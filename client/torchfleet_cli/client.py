@@ -123,6 +123,8 @@ class Client:
         name: str | None = None,
         entry: str | None = None,
         gpus: int = 0,
+        node_selector: dict[str, str] | None = None,
+        tolerations: list[dict[str, str]] | None = None,
         namespace: str | None = None,
     ) -> Job:
         """Packs the script (or a small folder, running ``entry``) into a
@@ -139,6 +141,8 @@ class Client:
             args=args,
             image=image,
             gpus=gpus,
+            node_selector=node_selector,
+            tolerations=tolerations,
         )
         configmap = manifest.code_configmap(name, package)
         # The code first, so that no pod ever waits for its volume; the owner

@@ -39,9 +39,20 @@ def code_configmap_name(job: str) -> str:
     return f"{job}-code"
 
 
-def _template(package: Package, configmap: str) -> dict[str, Any]:
+def _template(
+    package: Package,
+    configmap: str,
+    node_selector: dict[str, str] | None,
+    tolerations: list[dict[str, str]] | None,
+) -> dict[str, Any]:
+    placement: dict[str, Any] = {}
+    if node_selector:
+        placement["nodeSelector"] = dict(node_selector)
+    if tolerations:
+        placement["tolerations"] = [dict(t) for t in tolerations]
     return {
         "spec": {
+            **placement,
             "volumes": [
                 {
                     "name": CODE_VOLUME,
@@ -68,12 +79,15 @@ def training_job(
     args: list[str] | tuple[str, ...] = (),
     image: str = DEFAULT_IMAGE,
     gpus: int = 0,
+    node_selector: dict[str, str] | None = None,
+    tolerations: list[dict[str, str]] | None = None,
 ) -> dict[str, Any]:
-    """The TrainingJob running ``torchrun <entry> <args>`` on ``nodes`` pods;
-    raises :class:`torchfleet_operator.api.InvalidSpecError` naming a bad field."""
+    """The TrainingJob running ``torchrun <entry> <args>`` on ``nodes`` pods
+    (placed by ``node_selector`` and ``tolerations``, in both roles); raises
+    :class:`torchfleet_operator.api.InvalidSpecError` naming a bad field."""
     if nodes < 1:
         raise ValueError(f"nodes must be at least 1, not {nodes}")
-    template = _template(package, code_configmap_name(name))
+    template = _template(package, code_configmap_name(name), node_selector, tolerations)
     spec: dict[str, Any] = {
         "image": image,
         "processesPerNode": procs_per_node,
@@ -102,6 +116,21 @@ def code_configmap(job: str, package: Package) -> dict[str, Any]:
     if package.binary_data:
         body["binaryData"] = package.binary_data
     return body
+
+
+def toleration(text: str) -> dict[str, str]:
+    """``KEY=VALUE:EFFECT`` or ``KEY:EFFECT`` (any value) as a pod toleration,
+    the form ``kubectl taint`` takes."""
+    taint, _, effect = text.rpartition(":")
+    key, equals, value = taint.partition("=")
+    if not key or effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
+        raise ValueError(
+            f"toleration {text!r}: want KEY=VALUE:EFFECT or KEY:EFFECT, the effect "
+            "NoSchedule, PreferNoSchedule or NoExecute"
+        )
+    if equals:
+        return {"key": key, "operator": "Equal", "value": value, "effect": effect}
+    return {"key": key, "operator": "Exists", "effect": effect}
 
 
 def owner_reference(job: dict[str, Any]) -> dict[str, Any]:

@@ -145,3 +145,44 @@ def test_the_namespace_is_the_contexts_as_kubectls(tmp_path: Path) -> None:
     assert Client(kubeconfig=str(kubeconfig)).namespace == "team"
     assert Client(kubeconfig=str(kubeconfig), context="other").namespace == "default"
     assert Client(kubeconfig=str(kubeconfig), namespace="mine").namespace == "mine"
+
+
+def test_placement_flags_place_both_roles(script: Path) -> None:
+    from torchfleet_cli.manifest import toleration, training_job
+    from torchfleet_cli.packing import pack
+
+    params = parsed(
+        command.run, str(script), "--node-selector", "pool=a100", "--node-selector", "zone=b",
+        "--toleration", "gpu=true:NoSchedule", "--toleration", "spot:NoExecute",
+    )  # fmt: skip
+    assert params["node_selector"] == ("pool=a100", "zone=b")
+    tolerations = [toleration(text) for text in params["toleration"]]
+    job = training_job(
+        "placed", pack(script), nodes=2, node_selector={"pool": "a100"}, tolerations=tolerations
+    )
+    for role in ("master", "worker"):
+        spec = job["spec"][role]["template"]["spec"]
+        assert spec["nodeSelector"] == {"pool": "a100"}
+        assert spec["tolerations"] == [
+            {"key": "gpu", "operator": "Equal", "value": "true", "effect": "NoSchedule"},
+            {"key": "spot", "operator": "Exists", "effect": "NoExecute"},
+        ]
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--toleration", "gpu=true", "toleration 'gpu=true': want KEY=VALUE:EFFECT"),
+        ("--toleration", "gpu:Never", "toleration 'gpu:Never': want KEY=VALUE:EFFECT"),
+        ("--node-selector", "pool", "node selector 'pool': want KEY=VALUE"),
+    ],
+)
+def test_bad_placement_is_refused_naming_the_flags_form(
+    tmp_path: Path, script: Path, flag: str, value: str, message: str
+) -> None:
+    (tmp_path / "kubeconfig").write_text(NOWHERE)
+    result = CliRunner().invoke(
+        command.cli, ["run", str(script), flag, value, "--kubeconfig", str(tmp_path / "kubeconfig")]
+    )
+    assert result.exit_code == 2, result.output
+    assert message in result.output
