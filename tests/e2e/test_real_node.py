@@ -7,6 +7,12 @@ the downward API and writes it to its termination-message file, then exits 0;
 the other prints a line and exits 3 with ``FallbackToLogsOnError``. When they
 exit, the kubelet reads the file (or the log's tail) and writes it, with the
 exit code and reason containerd gave, into the pod's status.
+
+A TrainingJob's gang on the real node: the operator reads what the real
+kubelet reports. Its first worker breaches a real memory limit; the kernel
+OOM-kills the worker's child, containerd says OOMKilled (with the worker's own
+exit code), and the operator counts a gang restart whose message says so; the
+second gang succeeds.
 """
 
 from __future__ import annotations
@@ -16,8 +22,12 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.test_training import wait_job
 from tests.fixtures.poll import wait_for
 from tests.fixtures.realnode import REAL_NODE_ONLY, REAL_NODE_PLACEMENT
+from torchfleet_trainer import contract
+
+IMAGE = "torchfleet.local/busybox:1.35"
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, REAL_NODE_ONLY]
 
@@ -25,7 +35,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.cluster, REAL_NODE_ONLY]
 def _container(name: str, script: str, **extra: Any) -> dict[str, Any]:
     return {
         "name": name,
-        "image": "torchfleet.local/busybox:1.35",
+        "image": IMAGE,
         "imagePullPolicy": "Never",
         "command": ["sh", "-c", script],
         **extra,
@@ -87,3 +97,88 @@ def test_plain_pod_runs_on_the_real_kubelet(cluster, namespace, real_node):
     # The API server reads the log from the kubelet itself.
     logs = cluster.kubectl("logs", "plain", "-c", "fails", "-n", namespace).stdout
     assert logs == "last words\n"
+
+
+# The gang's script, by node rank and gang generation. Generation 0: the
+# worker's child fills a block buffer twice the limit until the kernel
+# OOM-kills it, and the worker exits 1 as torchrun does when it loses a worker
+# that way (the kubelet still says OOMKilled: the policy judges it a kill, 137);
+# the master waits for the gang restart that follows. Generation 1 exits 0.
+GANG_SCRIPT = f"""
+if [ "${contract.RESTART_COUNT}" = 0 ]; then
+  if [ "${contract.PET_NODE_RANK}" = 1 ]; then
+    dd if=/dev/zero of=/dev/null bs=96M count=1 || exit 1
+  fi
+  exec sleep 600
+fi
+"""
+
+
+def _replica_template() -> dict[str, Any]:
+    return {
+        "spec": {
+            **REAL_NODE_PLACEMENT,
+            # The image has no user of its own: a plain uid, as restricted asks.
+            "securityContext": {"runAsUser": 1000, "runAsNonRoot": True},
+            "containers": [{"name": "trainer", "imagePullPolicy": "Never"}],
+        }
+    }
+
+
+def _oom_job(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "torchfleet.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "image": IMAGE,
+            "command": ["sh", "-c", GANG_SCRIPT],
+            "resources": {"cpu": "100m", "memory": "48Mi"},
+            # ExitCode: exit 1 fails the job, a kill (137) restarts the gang.
+            "runPolicy": {"restartPolicy": "ExitCode", "backoffLimit": 2},
+            "master": {"template": _replica_template()},
+            "worker": {"replicas": 1, "template": _replica_template()},
+        },
+    }
+
+
+def _pods_report(cluster: Any, namespace: str) -> str:
+    """What a failure needs: each pod's env, container states and log, the events."""
+    lines = []
+    for pod in cluster.get_json("pods", "-n", namespace)["items"]:
+        name = pod["metadata"]["name"]
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0].get("env", [])}
+        states = [s["state"] for s in pod["status"].get("containerStatuses", [])]
+        log = cluster.kubectl("logs", name, "-n", namespace, check=False).stdout
+        lines.append(f"{name}: {states}\n  env {env}\n  log {log!r}")
+    lines.append(cluster.kubectl("get", "events", "-n", namespace).stdout)
+    return "\n".join(lines)
+
+
+def test_an_oom_kill_on_the_real_kubelet_restarts_the_gang(
+    cluster, e2e_namespace, real_node, e2e_operator
+):
+    namespace = e2e_namespace
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(_oom_job("oom")))
+    try:
+        done = wait_job(cluster, namespace, "oom", {"Succeeded", "Failed"}, timeout=240)
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n{_pods_report(cluster, namespace)}") from None
+    status = done["status"]
+    assert status["phase"] == "Succeeded", status
+    # One counted restart, not a failed job: the worker's exit 1 was judged a
+    # kill (137) because the real kubelet said OOMKilled, as its event says.
+    assert status["restartCount"] == 1 and status["countedRestarts"] == 1, status
+    failed = [
+        e
+        for e in cluster.get_json("events", "-n", namespace)["items"]
+        if e["reason"] == "PodFailed" and e["involvedObject"]["kind"] == "TrainingJob"
+    ]
+    assert failed and "exit code 1: OOMKilled" in failed[0]["message"], failed
+    pods = cluster.get_json("pods", "-n", namespace)["items"]
+    assert pods and {p["spec"]["nodeName"] for p in pods} == {real_node.name}
+    assert all(
+        s["containerID"].startswith("containerd://")
+        for p in pods
+        for s in p["status"]["containerStatuses"]
+    )
