@@ -250,7 +250,7 @@ def follow(job: Job) -> None:
     bar = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
-        TextColumn("{task.fields[line]}"),
+        TextColumn("{task.fields[line]}", markup=False),
         TimeElapsedColumn(),
         console=console,
     )
@@ -264,7 +264,9 @@ def follow(job: Job) -> None:
                 except JobNotFound:
                     raise click.ClickException(f"{job.name} was deleted") from None
                 for line in progress.changes(before, status):
-                    bar.console.print(line)
+                    # Plain text: a reason or message may hold "[...]" (not markup)
+                    # and numbers (not to be coloured one by one).
+                    bar.console.print(line, markup=False, highlight=False)
                 shown = status.progress
                 bar.update(
                     task,
