@@ -28,6 +28,7 @@ What the apiserver refused is folded into the status afterwards
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from datetime import datetime
 from typing import Any
@@ -82,7 +83,12 @@ def plan(
     if manager is not None:  # not even a deleted job's status is this operator's
         return managed.left_alone(manager)
     if body["metadata"].get("deletionTimestamp"):
-        return Plan()  # the garbage collector takes the children with it
+        # The garbage collector takes the children with it. The status stays
+        # as it is: a job held by another's finalizer is still read (kubectl,
+        # a CI system, the finalizer's owner) until it goes, and an empty plan
+        # would have written its status away.
+        kept = body.get("status") if status is None else status
+        return Plan(status=copy.deepcopy(dict(kept or {})))
     # Pods this operator already deleted count as terminating, even before the
     # watch says so: their names are not free yet, and they are not deleted twice.
     pods = tuple(

@@ -196,3 +196,30 @@ def test_operator_metrics_and_liveness_endpoints(shared_operator):
         f"http://127.0.0.1:{shared_operator.health_port}/healthz", timeout=5
     ) as response:
         assert response.status == 200
+
+
+def test_a_job_held_by_a_finalizer_keeps_its_status_while_it_is_deleted(
+    shared_operator, job_driver, namespace
+):
+    """Someone's finalizer holds a deleted job (a CI system's, a GitOps tool's):
+    it is still read until it goes, and the operator's passes over it write
+    nothing (they once wrote its status away)."""
+    body = job_driver.body("held", spec(workers=1))
+    body["metadata"]["finalizers"] = ["example.com/hold"]
+    job_driver.raw.request("POST", job_driver.job_path(namespace), body)
+    job_driver.wait_running_pods(namespace, "held", 2)
+    running = job_driver.wait_for(
+        "the running job's status",
+        lambda: (s := job_driver.status(namespace, "held")).get("phase") == "Running" and s,
+    )
+    passes = shared_operator.passes((namespace, "held"))
+    job_driver.raw.request("DELETE", job_driver.job_path(namespace, "held"))
+    shared_operator.wait_idle_after(passes, (namespace, "held"))
+    kept = job_driver.status(namespace, "held")
+    assert kept.get("phase") == "Running" and kept.get("startTime") == running["startTime"], kept
+    job_driver.raw.request(
+        "PATCH",
+        job_driver.job_path(namespace, "held"),
+        [{"op": "remove", "path": "/metadata/finalizers"}],
+        content_type="application/json-patch+json",
+    )

@@ -10,7 +10,7 @@ from torchfleet_operator.desired import names
 from torchfleet_operator.observed import Observed
 from torchfleet_operator.reconcile import plan
 from torchfleet_operator.status.conditions import find
-from torchfleet_operator.status.rejections import with_rejections
+from torchfleet_operator.status.rejections import after_execute, with_rejections
 
 from .builders import (
     CONFIG,
@@ -473,3 +473,14 @@ def test_pod_group_is_posted_again_for_the_next_generation():
     )
     due = plan(grouped, observed(), at(111), CONFIG, status=restarting.status)
     assert [m["kind"] for m in due.create] == ["PodGroup", "Pod", "Pod", "Pod"]
+
+
+def test_a_job_being_deleted_keeps_its_status_and_touches_nothing():
+    """Held by someone's finalizer, it is still read until it goes."""
+    status = plan(job(), observed(*gang()), at(5), CONFIG, status={}).status
+    deleting = job()
+    deleting["metadata"]["deletionTimestamp"] = stamp(6)
+    decided = plan(deleting, observed(*gang()), at(7), CONFIG, status=status)
+    assert decided.status == status and decided.status["phase"] == "Running"
+    assert decided.create == [] and decided.delete == [] and decided.events == []
+    assert after_execute(decided.status, status, [], False, at(7)) == status
