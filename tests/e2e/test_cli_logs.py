@@ -1,0 +1,98 @@
+"""``torchfleet logs`` reads a live pod's log through the API server from a
+real kubelet (the real node: containerd, busybox): node rank N's pod of the
+job's gang, all of it or followed with ``-f``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fixtures.poll import wait_for
+from tests.fixtures.realnode import REAL_NODE_ONLY, REAL_NODE_PLACEMENT
+
+IMAGE = "torchfleet.local/busybox:1.35"
+TORCHFLEET = Path(sys.executable).parent / "torchfleet"
+
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster, REAL_NODE_ONLY]
+
+# A greeting, then a numbered line each second: a followed log must bring
+# lines written after the command started.
+GREET_THEN_TICK = """
+echo "node $NODE_RANK of $NNODES says hello"
+i=0
+while true; do i=$((i + 1)); echo "tick $i"; sleep 1; done
+"""
+
+
+def _template() -> dict[str, Any]:
+    return {
+        "spec": {
+            **REAL_NODE_PLACEMENT,
+            # The image has no user of its own: a plain uid, as restricted asks.
+            "securityContext": {"runAsUser": 1000, "runAsNonRoot": True},
+            "containers": [{"name": "trainer", "imagePullPolicy": "Never"}],
+        }
+    }
+
+
+def _job(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "torchfleet.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "image": IMAGE,
+            "command": ["sh", "-c", GREET_THEN_TICK],
+            "resources": {"cpu": "100m", "memory": "32Mi"},
+            "master": {"template": _template()},
+            "worker": {"replicas": 1, "template": _template()},
+        },
+    }
+
+
+def test_logs_reads_the_live_pod_of_each_node_rank_and_follows_it(
+    cluster: Any, e2e_namespace: str, real_node: Any, e2e_operator: Any
+) -> None:
+    namespace = e2e_namespace
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(_job("talk")))
+    flags = ["--kubeconfig", cluster.kubeconfig, "-n", namespace]
+
+    def logs(*args: str) -> str:
+        out = subprocess.run(
+            [str(TORCHFLEET), "logs", "talk", *flags, *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        return out.stdout if out.returncode == 0 else ""
+
+    def first_line(*args: str) -> str:
+        return logs(*args).partition("\n")[0]
+
+    assert wait_for("node rank 0's greeting", first_line, 180) == "node 0 of 2 says hello"
+    assert wait_for("node rank 1's greeting", lambda: first_line("--rank", "1")) == (
+        "node 1 of 2 says hello"
+    )
+    follower = subprocess.Popen(
+        [str(TORCHFLEET), "logs", "talk", *flags, "--rank", "1", "-f"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        # The ticks written by the time the follower ran: the next one comes later.
+        ticks = logs("--rank", "1").count("tick ")
+        assert follower.stdout is not None
+        assert follower.stdout.readline() == "node 1 of 2 says hello\n"
+        for line in follower.stdout:
+            if line == f"tick {ticks + 1}\n":
+                break
+        else:
+            raise AssertionError(f"the followed log ended before tick {ticks + 1}")
+    finally:
+        follower.kill()
+        follower.wait()
