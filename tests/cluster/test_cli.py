@@ -164,3 +164,31 @@ def test_ctrl_c_detaches_saying_how_to_attach_again_and_the_job_runs_on(
         " ".join(printed.split())
     )
     assert job_driver.status(namespace, "held")["phase"] == "Running"
+
+
+def test_the_python_client_runs_waits_lists_and_deletes(
+    cluster: Any, shared_operator: Any, job_driver: Any, namespace: str, script: Path
+) -> None:
+    from torchfleet_cli import Client, JobNotFound
+    from torchfleet_operator.api import TrainingJobStatus
+
+    client = Client(kubeconfig=cluster.kubeconfig, namespace=namespace)
+    job = client.run(script, nodes=2, args=["--epochs", "1"], name="notebook")
+    assert [j.name for j in client.list()] == ["notebook"]
+    assert job_driver.get(namespace, "notebook")["spec"]["args"] == ["--epochs", "1"]
+    pods = job_driver.wait_running_pods(namespace, "notebook", 2)
+    # job.status: the CRD's own model, read afresh at each access.
+    status = wait_for(
+        "the client's status: Running on 2/2",
+        lambda: (s := job.status).phase == "Running" and s.nodes_ready == "2/2" and s,
+    )
+    assert isinstance(status, TrainingJobStatus)
+    with pytest.raises(TimeoutError, match="still"):
+        job.wait(timeout=0.5, interval=0.1)
+    master = next(p for p in pods if p["metadata"]["name"] == "notebook-master-0")
+    job_driver.succeed_pod(namespace, master["metadata"]["name"])
+    assert job.wait(timeout=60, interval=0.2) == "Succeeded"
+    job.delete()
+    wait_for("notebook deleted", lambda: job_driver.get(namespace, "notebook") is None)
+    with pytest.raises(JobNotFound):
+        client.get("notebook")
