@@ -108,12 +108,21 @@ def test_run_ls_describe_delete(
 
 
 def start(cluster: Any, namespace: str, verb: str, *args: str) -> subprocess.Popen[str]:
+    """The command as a user runs it at a terminal: in the foreground, where
+    Ctrl-C's SIGINT is not ignored. A shell starts a background job with SIGINT
+    ignored, and make test's sessions are such jobs (dev/test-tiers.sh): the
+    command would inherit that, and Python then never raises KeyboardInterrupt."""
     return subprocess.Popen(
         [str(TORCHFLEET), verb, "--kubeconfig", cluster.kubeconfig, "-n", namespace, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_foreground_signals,
     )
+
+
+def _foreground_signals() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def ended(command: subprocess.Popen[str]) -> tuple[int, str]:

@@ -100,7 +100,8 @@ def told_to_stop(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         return state == "Z" or signal.SIGTERM in pending_signals(pid)
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
+        # Gone, or going between the two reads (its /proc entry then answers ESRCH).
         return True
 
 
