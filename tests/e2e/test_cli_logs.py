@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 
 from tests.fixtures.poll import wait_for
-from tests.fixtures.realnode import REAL_NODE_ONLY, REAL_NODE_PLACEMENT
+from tests.fixtures.realnode import REAL_NODE_ONLY, busybox_job
 
-IMAGE = "torchfleet.local/busybox:1.35"
 TORCHFLEET = Path(sys.executable).parent / "torchfleet"
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, REAL_NODE_ONLY]
@@ -29,37 +28,12 @@ while true; do i=$((i + 1)); echo "tick $i"; sleep 1; done
 """
 
 
-def _template() -> dict[str, Any]:
-    return {
-        "spec": {
-            **REAL_NODE_PLACEMENT,
-            # The image has no user of its own: a plain uid, as restricted asks.
-            "securityContext": {"runAsUser": 1000, "runAsNonRoot": True},
-            "containers": [{"name": "trainer", "imagePullPolicy": "Never"}],
-        }
-    }
-
-
-def _job(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "torchfleet.dev/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": name},
-        "spec": {
-            "image": IMAGE,
-            "command": ["sh", "-c", GREET_THEN_TICK],
-            "resources": {"cpu": "100m", "memory": "32Mi"},
-            "master": {"template": _template()},
-            "worker": {"replicas": 1, "template": _template()},
-        },
-    }
-
-
 def test_logs_reads_the_live_pod_of_each_node_rank_and_follows_it(
     cluster: Any, e2e_namespace: str, real_node: Any, e2e_operator: Any
 ) -> None:
     namespace = e2e_namespace
-    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(_job("talk")))
+    job = busybox_job("talk", GREET_THEN_TICK, "32Mi")
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(job))
     flags = ["--kubeconfig", cluster.kubeconfig, "-n", namespace]
 
     def logs(*args: str) -> str:

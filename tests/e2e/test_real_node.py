@@ -24,10 +24,13 @@ import pytest
 
 from tests.e2e.test_training import wait_job
 from tests.fixtures.poll import wait_for
-from tests.fixtures.realnode import REAL_NODE_ONLY, REAL_NODE_PLACEMENT
+from tests.fixtures.realnode import (
+    BUSYBOX_IMAGE,
+    REAL_NODE_ONLY,
+    REAL_NODE_PLACEMENT,
+    busybox_job,
+)
 from torchfleet_trainer import contract
-
-IMAGE = "torchfleet.local/busybox:1.35"
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, REAL_NODE_ONLY]
 
@@ -35,7 +38,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.cluster, REAL_NODE_ONLY]
 def _container(name: str, script: str, **extra: Any) -> dict[str, Any]:
     return {
         "name": name,
-        "image": IMAGE,
+        "image": BUSYBOX_IMAGE,
         "imagePullPolicy": "Never",
         "command": ["sh", "-c", script],
         **extra,
@@ -114,34 +117,6 @@ fi
 """
 
 
-def _replica_template() -> dict[str, Any]:
-    return {
-        "spec": {
-            **REAL_NODE_PLACEMENT,
-            # The image has no user of its own: a plain uid, as restricted asks.
-            "securityContext": {"runAsUser": 1000, "runAsNonRoot": True},
-            "containers": [{"name": "trainer", "imagePullPolicy": "Never"}],
-        }
-    }
-
-
-def _oom_job(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "torchfleet.dev/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": name},
-        "spec": {
-            "image": IMAGE,
-            "command": ["sh", "-c", GANG_SCRIPT],
-            "resources": {"cpu": "100m", "memory": "48Mi"},
-            # ExitCode: exit 1 fails the job, a kill (137) restarts the gang.
-            "runPolicy": {"restartPolicy": "ExitCode", "backoffLimit": 2},
-            "master": {"template": _replica_template()},
-            "worker": {"replicas": 1, "template": _replica_template()},
-        },
-    }
-
-
 def _pods_report(cluster: Any, namespace: str) -> str:
     """What a failure needs: each pod's env, container states and log, the events."""
     lines = []
@@ -159,7 +134,10 @@ def test_an_oom_kill_on_the_real_kubelet_restarts_the_gang(
     cluster, e2e_namespace, real_node, e2e_operator
 ):
     namespace = e2e_namespace
-    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(_oom_job("oom")))
+    # ExitCode: exit 1 fails the job, a kill (137) restarts the gang.
+    policy = {"restartPolicy": "ExitCode", "backoffLimit": 2}
+    job = busybox_job("oom", GANG_SCRIPT, "48Mi", runPolicy=policy)
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(job))
     try:
         done = wait_job(cluster, namespace, "oom", {"Succeeded", "Failed"}, timeout=240)
     except AssertionError as error:
