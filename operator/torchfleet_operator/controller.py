@@ -26,7 +26,7 @@ from torchfleet_operator.config import OperatorConfig
 from torchfleet_operator.desired.names import checkpoint_claim_name
 from torchfleet_operator.desired.workload import KUEUE_API, WORKLOAD_CRD, workload_priority_class
 from torchfleet_operator.informer import PodInformer
-from torchfleet_operator.kube import ExecutionResult, Executor, RawApi
+from torchfleet_operator.kube import ApiFailure, ExecutionResult, Executor, RawApi
 from torchfleet_operator.leader import LeaderElector
 from torchfleet_operator.metrics import JobKey
 from torchfleet_operator.observed import (
@@ -140,6 +140,9 @@ class Controller:
         # Uids of the jobs another controller runs whose event was posted: no
         # pass of theirs writes a status to remember it by (policy/managed.py).
         self._left_alone: set[str] = set()
+        # Uids of jobs the API server says are gone while kopf's index still holds
+        # them (_forget_vanished): passed over by snapshot(), forgotten by the loop.
+        self._gone: set[str] = set()
         self._api_failures: dict[JobKey, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.progress: ProgressPoller[JobKey] = ProgressPoller(
@@ -180,10 +183,47 @@ class Controller:
         metrics.forget_job_passes(key)
         self.pod_informer.index.forget(key)
         if uid:
-            self._last_status.pop(uid, None)
-            self._written_over.pop(uid, None)
-            self._written_at.pop(uid, None)
-            self._left_alone.discard(uid)
+            self._forget_uid(uid)
+
+    def _forget_uid(self, uid: str) -> None:
+        self._last_status.pop(uid, None)
+        self._written_over.pop(uid, None)
+        self._written_at.pop(uid, None)
+        self._left_alone.discard(uid)
+
+    def _forget_vanished(self, key: JobKey, uid: str) -> None:
+        """A job the API server says is gone, though kopf's index still holds it:
+        kopf stops watching a deleted namespace (one it found by pattern) without
+        the DELETED events of what was in it, and never drops those objects from
+        its indices. Forgotten as if deleted; where a namesake made since lives
+        under the same key, only the gone one's records go."""
+        self._gone.add(uid)
+        log.info("%s/%s: gone from the API server (uid %s); forgotten", *key, uid)
+        if self._live_job(key) is None:
+            self.job_deleted(key, uid)
+        else:
+            self._forget_uid(uid)
+            self.enqueue(key)
+
+    async def namespace_deleted(self, namespace: str) -> None:
+        """A watched namespace is gone (kopf's event, namespaced mode only): its
+        jobs the index still holds are checked against one list of the namespace's
+        jobs, and those not in it forgotten. A list, not the namespace's name alone:
+        it may already have been made again, with new jobs."""
+        cached = [
+            (key, body["metadata"].get("uid", ""))
+            for key in list(self.caches.jobs)
+            if key[0] == namespace
+            for body in self.caches.jobs.get(key) or ()
+        ]
+        if not cached:
+            return
+        listed = await asyncio.to_thread(self.executor.job_uids, namespace)
+        if listed is None:
+            return  # unreadable now: the passes' own refusals will tell
+        for key, uid in cached:
+            if uid and uid not in listed and uid not in self._gone:
+                self._forget_vanished(key, uid)
 
     def start(self) -> None:
         """Workers start at once but pass nothing until this replica leads; kopf's
@@ -226,8 +266,11 @@ class Controller:
     async def _resync(self) -> None:
         while True:
             await asyncio.sleep(self.config.resync_seconds)
+            held: set[str] = set()
             for key in list(self.caches.jobs):
+                held.update(b["metadata"].get("uid", "") for b in self.caches.jobs.get(key) or ())
                 self.enqueue(key)
+            self._gone &= held  # gone from the index too: nothing left to pass over
 
     async def _work(self) -> None:
         await self.leading.wait()
@@ -244,7 +287,11 @@ class Controller:
                     delay = await asyncio.get_running_loop().run_in_executor(
                         self._passes, self.reconcile, key, snapshot
                     )
-                    if key in self.caches.jobs:  # else job_deleted dropped its series
+                    uid = snapshot.body["metadata"].get("uid", "")
+                    if uid in self._gone:  # the pass was refused as gone
+                        self._forget_vanished(key, uid)
+                        delay = None
+                    elif key in self.caches.jobs:  # else job_deleted dropped its series
                         metrics.JOB_PASSES.labels(*key).inc()
             except Exception:  # a bug or an unreachable apiserver: never kill the loop
                 log.exception("reconcile of %s/%s failed", *key)
@@ -278,8 +325,18 @@ class Controller:
                 found.append((key, master.pod_ip))
         return found
 
+    def _live_job(self, key: JobKey) -> dict[str, Any] | None:
+        """The job under ``key`` in kopf's index, passing over those known gone.
+        Of two, the newer: two objects of one name never exist at once, so the
+        older was deleted and its DELETED event lost (_forget_vanished). Made in
+        the same second, either; the first refusal sorts them out."""
+        bodies = [
+            b for b in self.caches.jobs.get(key) or () if b["metadata"].get("uid") not in self._gone
+        ]
+        return max(bodies, key=lambda b: b["metadata"].get("creationTimestamp") or "", default=None)
+
     def snapshot(self, key: JobKey) -> Snapshot | None:
-        body = _first(self.caches.jobs.get(key))
+        body = self._live_job(key)
         if body is None:
             return None
         uid = body["metadata"].get("uid", "")
@@ -388,14 +445,18 @@ class Controller:
         if _status_known_before_executing(decided):
             status = after_execute(decided.status, current, [], still_held, now)
             landed, delay = self._write_once(key, body, current, status, decided)
+            if uid in self._gone:
+                return None
             if not landed and decided.gang_restart:
                 return delay  # nothing is deleted before the restart is recorded
             result = self.executor.execute(key[0], body, decided)
             delay = _sooner(delay, self._executed(key, decided, result, snapshot))
+            if self._refused_as_gone(uid, result.failures):
+                return None
         else:
             result = self.executor.execute(key[0], body, decided)
             delay = self._executed(key, decided, result, snapshot)
-            if result.job_deleted:
+            if result.job_deleted or self._refused_as_gone(uid, result.failures):
                 return None
             rejected = [
                 (f.kind, f.name, f.code, f.message) for f in result.failures if f.verb == "create"
@@ -403,6 +464,8 @@ class Controller:
             status = after_execute(decided.status, current, rejected, still_held, now)
             landed, written_delay = self._write_once(key, body, current, status, decided)
             delay = _sooner(delay, written_delay)
+            if uid in self._gone:
+                return None
         if landed:  # else the next pass plans them again
             self.executor.post_events(key[0], body, decided.events)
         self.phases.set(key, status.get("phase") or "Pending")
@@ -418,6 +481,13 @@ class Controller:
             delay,
         )
         return _sooner(delay, self.config.resync_seconds or None)
+
+    def _refused_as_gone(self, uid: str, failures: Iterable[ApiFailure]) -> bool:
+        """Whether a refusal proved the job gone; recorded for the loop
+        (_forget_vanished runs on the event loop, which owns the caches)."""
+        if any(f.job_gone for f in failures):
+            self._gone.add(uid)
+        return uid in self._gone
 
     def _leave_alone(self, key: JobKey, body: dict[str, Any], decided: Plan) -> None:
         """A job another controller runs (spec.managedBy): nothing executed, no
@@ -493,6 +563,8 @@ class Controller:
         namespace, name = key
         patch = with_removals(current, status)
         refused = self.executor.write_status(namespace, name, patch)
+        if refused is not None and self._refused_as_gone(uid, [refused]):
+            return False
         if refused is not None:
             retry = without_scraped(patch, refused.code)
             if retry is None or self.executor.write_status(namespace, name, retry) is not None:

@@ -224,6 +224,19 @@ async def job_changed(
         controller.job_changed(_key(namespace, name), body)
 
 
+async def namespace_changed(type: str, name: str, memo: Any, **_: Any) -> None:
+    if type == "DELETED":
+        await _controller(memo).namespace_deleted(name)
+
+
+def watch_namespaces() -> None:
+    """Namespaced mode only (``--namespace``; the chart grants reading
+    namespaces only then): kopf stops watching a deleted namespace without the
+    DELETED events of the jobs that were in it, so the operator hears of the
+    namespace's deletion itself and forgets them (Controller.namespace_deleted)."""
+    kopf.on.event("", "v1", "namespaces")(namespace_changed)
+
+
 @kopf.on.event("nodes")
 async def node_changed(name: str, memo: Any, **_: Any) -> None:
     # Only jobs with a pod on this node care (a NotReady node loses their pods).

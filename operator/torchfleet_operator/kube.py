@@ -63,6 +63,10 @@ class ApiFailure:
     name: str
     code: int
     message: str
+    # The refusal proves the job gone: its namespace is (404 on a create in it)
+    # or the job is (404 on its status). kopf's index may still hold it
+    # (controller.py's _vanished).
+    job_gone: bool = False
 
 
 @dataclass
@@ -87,13 +91,25 @@ def make_api_client(kubeconfig: str | None = None, pool_size: int = 32) -> clien
     return client.ApiClient(configuration)
 
 
-def api_message(exc: ApiException) -> str:
-    """The apiserver's ``Status.message`` (what kubectl would print), else the reason."""
+def _status_body(exc: ApiException) -> dict[str, Any]:
+    """The apiserver's ``Status`` object of a refusal, or {} where there is none."""
     try:
         body = json.loads(exc.body or "{}")
     except (TypeError, ValueError):
-        body = {}
-    return str(body.get("message") or exc.reason or exc)
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def api_message(exc: ApiException) -> str:
+    """The apiserver's ``Status.message`` (what kubectl would print), else the reason."""
+    return str(_status_body(exc).get("message") or exc.reason or exc)
+
+
+def namespace_not_found(exc: ApiException) -> bool:
+    """A 404 naming a namespace (``details.kind: namespaces``): a create refused
+    because its namespace no longer exists, not for want of the resource type."""
+    details = _status_body(exc).get("details")
+    return exc.status == 404 and isinstance(details, dict) and details.get("kind") == "namespaces"
 
 
 def _refused_together(refused: ApiFailure, pods: list[dict[str, Any]]) -> list[ApiFailure]:
@@ -423,6 +439,17 @@ class Executor:
             return self._failure("patch", "Workload", patch.name, exc)
         return None
 
+    def job_uids(self, namespace: str) -> set[str] | None:
+        """The uids of the jobs in ``namespace`` now (one list); None when the
+        list fails (logged)."""
+        path = JOB_PATH.format(namespace=namespace, name="").rstrip("/")
+        try:
+            listed = self.raw.request("GET", path)
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+            log.warning("list %s in %s failed: %s", PLURAL, namespace, exc)
+            return None
+        return {item["metadata"]["uid"] for item in listed.get("items") or ()}
+
     def _delete_job(self, namespace: str, name: str) -> ApiFailure | None:
         try:
             self.raw.request(
@@ -449,7 +476,7 @@ class Executor:
             )
         except ApiException as exc:
             if exc.status == 404:  # deleted meanwhile: nothing left to report on
-                return None
+                return ApiFailure("patch", f"{KIND}/status", name, 404, api_message(exc), True)
             return self._failure("patch", f"{KIND}/status", name, exc)
         return None
 
@@ -498,4 +525,5 @@ class Executor:
         metrics.API_ERRORS.labels(verb=verb, resource=kind, code=str(code)).inc()
         message = api_message(exc)
         log.warning("%s %s %s failed (%s): %s", verb, kind, name, code, message)
-        return ApiFailure(verb=verb, kind=kind, name=name, code=code, message=message)
+        gone = verb == "create" and namespace_not_found(exc)
+        return ApiFailure(verb, kind, name, code, message, job_gone=gone)

@@ -158,7 +158,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"torchfleet-operator: {exc}", file=sys.stderr)
         return 2
     # Registers the handlers with kopf's default registry.
-    from torchfleet_operator import handlers  # noqa: F401
+    from torchfleet_operator import handlers
+
+    if args.namespace:
+        handlers.watch_namespaces()
 
     api = make_api_client(args.kubeconfig, pool_size=config.workers * config.api_concurrency)
     # kopf's own client reads the same kubeconfig.
