@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -32,6 +33,8 @@ from torchfleet_operator.api.parse import read_status
 # Exit status of a detached `run` or `attach` (Ctrl-C), as a shell's for SIGINT.
 EXIT_DETACHED = 130
 POLL_SECONDS = 1.0
+# How long a followed job's last log lines may take to arrive once it ended.
+LOG_DRAIN_SECONDS = 10.0
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -69,6 +72,18 @@ def kube_options(command: F) -> F:
         )
 
     return wrapped  # type: ignore[return-value]
+
+
+def log_options(command: F) -> F:
+    """Which log a followed job shows above its bar."""
+    command = click.option(
+        "--rank",
+        type=click.IntRange(min=0),
+        default=0,
+        show_default=True,
+        help="Show this node rank's log (0: the master's).",
+    )(command)
+    return click.option("--no-logs", is_flag=True, help="Show the progress bar only.")(command)
 
 
 def output_option(command: F) -> F:
@@ -128,6 +143,10 @@ def _server_message(error: Any) -> str:
     help="Tolerate this taint (repeatable; KEY:EFFECT for any value).",
 )
 @click.option("--detach", is_flag=True, help="Create the job and return at once.")
+@click.option(
+    "--rm", "remove", is_flag=True, help="Delete the job when the command ends (Ctrl-C too)."
+)
+@log_options
 @kube_options
 def run(
     connect: Callable[[], Client],
@@ -142,10 +161,15 @@ def run(
     node_selector: tuple[str, ...],
     toleration: tuple[str, ...],
     detach: bool,
+    remove: bool,
+    rank: int,
+    no_logs: bool,
 ) -> None:
     """Pack SCRIPT_OR_FOLDER into a ConfigMap and run it with torchrun on
     --nodes pods; arguments after `--` go to the script. Without --detach,
-    show its progress until it ends (Ctrl-C detaches)."""
+    show its progress until it ends (Ctrl-C detaches; with --rm, deletes it)."""
+    if detach and remove:
+        raise click.UsageError("--rm deletes the job when the command ends: not with --detach")
     try:
         selector = dict(_label(text) for text in node_selector)
         tolerations = [manifest.toleration(text) for text in toleration]
@@ -164,16 +188,22 @@ def run(
     except (PackingError, InvalidSpecError, ValueError) as error:
         raise click.UsageError(str(error)) from None
     click.echo(f"trainingjob.torchfleet.dev/{job.name} created in namespace {job.namespace}")
-    if not detach:
-        follow(job)
+    if detach:
+        return
+    try:
+        follow(job, None if no_logs else rank, keep=not remove)
+    finally:
+        if remove:
+            _delete_quietly(job)
 
 
 @cli.command()
 @click.argument("job")
+@log_options
 @kube_options
-def attach(connect: Callable[[], Client], job: str) -> None:
-    """Show JOB's progress until it ends (Ctrl-C detaches again)."""
-    follow(_job(connect(), job))
+def attach(connect: Callable[[], Client], job: str, rank: int, no_logs: bool) -> None:
+    """Show JOB's progress and a rank's log until it ends (Ctrl-C detaches again)."""
+    follow(_job(connect(), job), None if no_logs else rank)
 
 
 @cli.command(name="ls")
@@ -243,9 +273,11 @@ def delete(connect: Callable[[], Client], job: str) -> None:
 # ---- following a job ----
 
 
-def follow(job: Job) -> None:
-    """A live bar from the job's status until it ends: exit 0 if it succeeded,
-    1 with the failure's reason if it failed, 130 on Ctrl-C (it keeps running)."""
+def follow(job: Job, rank: int | None = 0, keep: bool = True) -> None:
+    """A live bar from the job's status until it ends, node rank ``rank``'s log
+    above it (none for None): exit 0 if it succeeded, 1 with the failure's
+    reason if it failed, 130 on Ctrl-C (the job keeps running, unless not
+    ``keep``: the caller deletes it)."""
     console = Console(stderr=True)
     bar = Progress(
         TextColumn("{task.description}"),
@@ -254,36 +286,97 @@ def follow(job: Job) -> None:
         TimeElapsedColumn(),
         console=console,
     )
-    before: TrainingJobStatus | None = None
+    ended = threading.Event()
+    log: _LogPrinter | None = None
     try:
         with bar:
-            task = bar.add_task(job.name, total=None, line="")
-            while True:
-                try:
-                    status = job.status
-                except JobNotFound:
-                    raise click.ClickException(f"{job.name} was deleted") from None
-                for line in progress.changes(before, status):
-                    # Plain text: a reason or message may hold "[...]" (not markup)
-                    # and numbers (not to be coloured one by one).
-                    bar.console.print(line, markup=False, highlight=False)
-                shown = status.progress
-                bar.update(
-                    task,
-                    total=shown.total_steps if shown else None,
-                    completed=shown.step if shown else 0,
-                    line=progress.progress_line(status),
-                )
-                before = status
-                if status.phase in progress.FINAL_PHASES:
-                    break
-                time.sleep(POLL_SECONDS)
+            log = None if rank is None else _LogPrinter(job, rank, ended)
+            status = _bar_until_it_ends(job, bar)
+            ended.set()
+            if log is not None:  # its last lines, still above the bar
+                log.close(LOG_DRAIN_SECONDS)
     except KeyboardInterrupt:
-        again = f"torchfleet attach {job.name} -n {job.namespace}"
-        console.print(f"Detached; {job.name} keeps running. Re-attach: {again}")
+        if keep:
+            again = f"torchfleet attach {job.name} -n {job.namespace}"
+            console.print(f"Detached; {job.name} keeps running. Re-attach: {again}")
         sys.exit(EXIT_DETACHED)
+    finally:
+        if log is not None:
+            log.close()
     if status.phase != PHASE_SUCCEEDED:
         raise click.ClickException(f"{job.name} failed: {progress.failure_reason(status)}")
+
+
+def _delete_quietly(job: Job) -> None:
+    """``run --rm``'s end: the job deleted (its pods and code go with it), said once."""
+    try:
+        job.delete()
+    except JobNotFound:
+        return
+    click.echo(f"trainingjob.torchfleet.dev/{job.name} deleted", err=True)
+
+
+def _bar_until_it_ends(job: Job, bar: Progress) -> TrainingJobStatus:
+    """Redraws the bar from the job's status once a second, a line above it for
+    each change, until the job ends; its last status."""
+    task = bar.add_task(job.name, total=None, line="")
+    before: TrainingJobStatus | None = None
+    while True:
+        try:
+            status = job.status
+        except JobNotFound:
+            raise click.ClickException(f"{job.name} was deleted") from None
+        for line in progress.changes(before, status):
+            # Plain text: a reason or message may hold "[...]" (not markup)
+            # and numbers (not to be coloured one by one).
+            bar.console.print(line, markup=False, highlight=False)
+        shown = status.progress
+        bar.update(
+            task,
+            total=shown.total_steps if shown else None,
+            completed=shown.step if shown else 0,
+            line=progress.progress_line(status),
+        )
+        before = status
+        if status.phase in progress.FINAL_PHASES:
+            return status
+        time.sleep(POLL_SECONDS)
+
+
+class _LogPrinter:
+    """Prints node rank ``rank``'s log, gang after gang, on stdout from a thread
+    of its own (on a terminal, rich's live display puts the lines above the
+    bar). The log is a courtesy: the status drives the bar and the exit code,
+    so a log that cannot be read is said once and left.
+
+    The thread may be waiting on the API server when the command exits; once
+    ``close`` returned it writes nothing more, since a thread writing to stdout
+    while the interpreter shuts down aborts it (SIGABRT)."""
+
+    def __init__(self, job: Job, rank: int, ended: threading.Event) -> None:
+        self.job, self.rank, self.ended = job, rank, ended
+        self.lock = threading.Lock()
+        self.closed = False
+        self.thread = threading.Thread(target=self._pump, name=f"log-rank-{rank}", daemon=True)
+        self.thread.start()
+
+    def _pump(self) -> None:
+        try:
+            for line in self.job.client.follow_logs(self.job, self.rank, ended=self.ended.is_set):
+                self._echo(line)
+        except Exception as error:  # any failure: the bar goes on
+            self._echo(f"(node rank {self.rank}'s log is not shown: {error})", err=True)
+
+    def _echo(self, line: str, err: bool = False) -> None:
+        with self.lock:
+            if not self.closed:
+                click.echo(line, err=err)
+
+    def close(self, drain: float = 0.0) -> None:
+        """Waits up to ``drain`` seconds for the log's last lines, then stops printing."""
+        self.thread.join(drain)
+        with self.lock:
+            self.closed = True
 
 
 def _label(text: str) -> tuple[str, str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import builtins
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +71,10 @@ class Job:
         """Node rank ``rank``'s live pod log: all of it, or (``follow``) its
         lines as they come."""
         return self.client.logs(self, rank=rank, follow=follow)
+
+    def follow_logs(self, rank: int = 0) -> Iterator[str]:
+        """Node rank ``rank``'s log, gang after gang, until the job ends."""
+        return self.client.follow_logs(self, rank=rank)
 
     def delete(self) -> None:
         self.client.delete(self)
@@ -238,13 +242,74 @@ class Client:
 
     def rank_pod(self, job: str, rank: int, namespace: str) -> str:
         """The name of node rank ``rank``'s pod of the job's newest gang."""
+        newest = self._newest_rank_pod(job, rank, namespace)
+        if newest is None:
+            raise JobNotFound(f"no live pod of node rank {rank} of {namespace}/{job}")
+        return str(newest.metadata.name)
+
+    def _newest_rank_pod(self, job: str, rank: int, namespace: str) -> Any:
         selector = f"{JOB_NAME_LABEL}={job},{NODE_RANK_LABEL}={rank}"
         pods = self.core.list_namespaced_pod(namespace, label_selector=selector).items
         live = [p for p in pods if p.metadata.deletion_timestamp is None]
-        if not live:
-            raise JobNotFound(f"no live pod of node rank {rank} of {namespace}/{job}")
-        newest = max(live, key=lambda p: int((p.metadata.labels or {}).get(RESTART_LABEL, 0)))
-        return str(newest.metadata.name)
+        return max(live, key=_gang, default=None)
+
+    def follow_logs(
+        self,
+        job: Job | str,
+        rank: int = 0,
+        namespace: str | None = None,
+        ended: Callable[[], bool] | None = None,
+        interval: float = 1.0,
+    ) -> Iterator[str]:
+        """Node rank ``rank``'s trainer log gang after gang, as its lines come:
+        each pod of that rank from its first line, after a header line, until
+        the job has ended and its last pod's log is read to the end. A pod that
+        has not started yet is waited for. ``ended`` says whether the job has
+        ended (default: its phase, read from the API server)."""
+        from kubernetes.client.exceptions import ApiException
+
+        name, namespace = _name_and_namespace(job, namespace or self.namespace)
+        if ended is None:
+            handle = Job(self, name, namespace)
+
+            def ended() -> bool:
+                return handle.phase in FINAL_PHASES
+
+        done: set[str] = set()
+        while True:
+            pod = self._newest_rank_pod(name, rank, namespace)
+            if pod is None or pod.metadata.uid in done:
+                if ended():
+                    return
+                time.sleep(interval)
+                continue
+            try:
+                response = self.core.read_namespaced_pod_log(
+                    pod.metadata.name,
+                    namespace,
+                    container=TRAINER_CONTAINER_NAME,
+                    follow=True,
+                    _preload_content=False,
+                )
+            except ApiException as error:
+                if error.status not in (400, 404):
+                    raise
+                if ended():
+                    return
+                if error.status == 404:  # deleted meanwhile: the next gang's, if any
+                    done.add(pod.metadata.uid)
+                else:  # 400: its container has not started yet
+                    time.sleep(interval)
+                continue
+            yield f"── {pod.metadata.name} (gang {_gang(pod)}) ──"
+            yield from _lines(response)
+            done.add(pod.metadata.uid)
+
+
+def _gang(pod: Any) -> int:
+    """The gang (restart) a pod of the job belongs to, from its label."""
+    value = (pod.metadata.labels or {}).get(RESTART_LABEL, "0")
+    return int(value) if str(value).isdigit() else 0
 
 
 def _name_and_namespace(job: Job | str, namespace: str) -> tuple[str, str]:

@@ -175,6 +175,24 @@ def test_ctrl_c_detaches_saying_how_to_attach_again_and_the_job_runs_on(
     assert job_driver.status(namespace, "held")["phase"] == "Running"
 
 
+@pytest.mark.parametrize("ends_by", ["success", "ctrl-c"])
+def test_run_rm_deletes_the_job_when_the_command_ends(
+    ends_by: str, cluster: Any, shared_operator: Any, job_driver: Any, namespace: str, script: Path
+) -> None:
+    command = start(cluster, namespace, "run", str(script), "--name", "once", "--rm")
+    if ends_by == "success":
+        [pod] = job_driver.wait_running_pods(namespace, "once", 1)
+        job_driver.succeed_pod(namespace, pod["metadata"]["name"])
+    else:
+        job_driver.wait_phase(namespace, "once", "Running")
+        command.send_signal(signal.SIGINT)
+    code, printed = ended(command)
+    assert code == (0 if ends_by == "success" else 130), printed
+    assert "trainingjob.torchfleet.dev/once deleted" in printed
+    assert "Re-attach" not in printed
+    wait_for("once deleted", lambda: job_driver.get(namespace, "once") is None)
+
+
 def test_the_python_client_runs_waits_lists_and_deletes(
     cluster: Any, shared_operator: Any, job_driver: Any, namespace: str, script: Path
 ) -> None:

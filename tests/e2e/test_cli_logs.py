@@ -1,6 +1,7 @@
 """``torchfleet logs`` reads a live pod's log through the API server from a
 real kubelet (the real node: containerd, busybox): node rank N's pod of the
-job's gang, all of it or followed with ``-f``."""
+job's gang, all of it or followed with ``-f``. ``torchfleet attach`` shows a
+rank's log gang after gang while it follows the job to its end."""
 
 from __future__ import annotations
 
@@ -70,3 +71,44 @@ def test_logs_reads_the_live_pod_of_each_node_rank_and_follows_it(
     finally:
         follower.kill()
         follower.wait()
+
+
+# Node rank 0 of the first gang fails after its lines; the second gang's succeeds.
+# Ten seconds of lines: the window in which the follower (polling once a
+# second) must find the first gang's pod, which goes with the gang restart.
+FAIL_ONCE = """
+echo "gang $TORCHFLEET_RESTART_COUNT, node $NODE_RANK"
+i=0
+while [ $i -lt 10 ]; do i=$((i + 1)); echo "line $i"; sleep 1; done
+if [ "$TORCHFLEET_RESTART_COUNT" = 0 ] && [ "$NODE_RANK" = 0 ]; then exit 3; fi
+"""
+
+
+def test_attach_shows_rank_0s_log_gang_after_gang_until_the_job_succeeds(
+    cluster: Any, e2e_namespace: str, real_node: Any, e2e_operator: Any
+) -> None:
+    namespace = e2e_namespace
+    # Made suspended, so that attach follows it from before its first pod.
+    job = busybox_job("retry", FAIL_ONCE, "32Mi", suspend=True)
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(job))
+    attach = subprocess.Popen(
+        [str(TORCHFLEET), "attach", "retry", "--kubeconfig", cluster.kubeconfig, "-n", namespace],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        cluster.kubectl(
+            "patch", "tj", "retry", "-n", namespace, "--type=merge", "-p",
+            '{"spec": {"suspend": false}}',
+        )  # fmt: skip
+        out, err = attach.communicate(timeout=240)
+    finally:
+        attach.kill()
+    assert attach.returncode == 0, out + err
+    lines = out.splitlines()
+    numbered = [f"line {i}" for i in range(1, 11)]
+    first = lines.index("── retry-master-0 (gang 0) ──")
+    second = lines.index("── retry-master-0 (gang 1) ──")
+    assert lines[first + 1 : second] == ["gang 0, node 0", *numbered], out
+    assert lines[second + 1 :] == ["gang 1, node 0", *numbered], out

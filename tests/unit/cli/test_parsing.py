@@ -186,3 +186,27 @@ def test_bad_placement_is_refused_naming_the_flags_form(
     )
     assert result.exit_code == 2, result.output
     assert message in result.output
+
+
+@pytest.mark.parametrize("verb", ["run", "attach"])
+def test_following_shows_rank_0s_log_unless_told_another_rank_or_none(
+    verb: str, script: Path
+) -> None:
+    first = str(script) if verb == "run" else "train"
+    follows = getattr(command, verb)
+    assert (parsed(follows, first)["rank"], parsed(follows, first)["no_logs"]) == (0, False)
+    assert parsed(follows, first, "--rank", "2")["rank"] == 2
+    assert parsed(follows, first, "--no-logs")["no_logs"] is True
+    with pytest.raises(click.BadParameter):
+        parsed(follows, first, "--rank", "-1")
+
+
+def test_rm_with_detach_is_refused_before_the_cluster_is_asked(
+    tmp_path: Path, script: Path
+) -> None:
+    (tmp_path / "kubeconfig").write_text(NOWHERE)
+    config = ["--kubeconfig", str(tmp_path / "kubeconfig")]
+    result = CliRunner().invoke(command.cli, ["run", str(script), "--rm", "--detach", *config])
+    assert result.exit_code == 2, result.output
+    assert "--rm deletes the job when the command ends: not with --detach" in result.output
+    assert parsed(command.run, str(script))["remove"] is False
