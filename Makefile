@@ -60,6 +60,10 @@ cluster-build: ## build the control plane from Go modules (cached in ~/.cache/to
 realnode-build: ## build the real node (kubelet, containerd, CNI plugins, pause and busybox images), cached
 	dev/realnode/build.sh
 
+.PHONY: operator-image
+operator-image: deps ## build the operator image from its Dockerfile (buildah on a Debian-made Python base), cached
+	dev/realnode/operator-image.sh
+
 .PHONY: test-realnode
 test-realnode: venv cluster-build realnode-build ## the real node's tests alone (a kubelet and containerd on the local cluster)
 	$(PY) -m pytest tests/e2e/test_real_node.py
@@ -125,7 +129,7 @@ docs: venv ## the docs site, built strictly (a warning fails it) into .site/; th
 	DISABLE_MKDOCS_2_WARNING=true NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 .PHONY: test
-test: venv checkov deps deepspeed-ops cluster-build realnode-build kueue-build schedulers-build prometheus-build lint typecheck verify docs ## everything: set-up, lint, types, docs, every test tier
+test: venv checkov deps deepspeed-ops cluster-build realnode-build operator-image kueue-build schedulers-build prometheus-build lint typecheck verify docs ## everything: set-up, lint, types, docs, every test tier
 	PY=$(PY) dev/test-tiers.sh
 
 .PHONY: test-quick

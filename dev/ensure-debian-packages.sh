@@ -7,6 +7,8 @@
 # chromium: the e2e test renders TensorBoard's loss chart in it, headless.
 # g++: DeepSpeed builds its shared-memory op at a process's first start
 # (tests/e2e/test_deepspeed.py; once per machine, cached).
+# mmdebstrap and buildah: the operator image is built from its Dockerfile on a
+# Debian-made Python base, without Docker (dev/realnode/operator-image.sh).
 set -euo pipefail
 need=()
 command -v openssl >/dev/null || need+=(openssl)
@@ -15,6 +17,8 @@ command -v ip >/dev/null || need+=(iproute2)
 { command -v unshare && command -v nsenter; } >/dev/null || need+=(util-linux)
 command -v chromium >/dev/null || need+=(chromium)
 command -v g++ >/dev/null || need+=(g++)
+command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
+command -v buildah >/dev/null || need+=(buildah)
 [ ${#need[@]} -eq 0 ] && exit 0
 sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
 echo "[deps] installing ${need[*]} from Debian"
