@@ -65,8 +65,8 @@ operator-image: deps ## build the operator image from its Dockerfile (buildah on
 	dev/realnode/operator-image.sh
 
 .PHONY: test-realnode
-test-realnode: venv cluster-build realnode-build ## the real node's tests alone (a kubelet and containerd on the local cluster)
-	$(PY) -m pytest tests/e2e/test_real_node.py
+test-realnode: venv cluster-build realnode-build operator-image ## the real node's tests alone (a kubelet and containerd on the local cluster, the chart installed there)
+	$(PY) -m pytest tests/e2e/test_real_node.py tests/e2e/test_helm_real_node.py
 
 .PHONY: kueue-build
 kueue-build: ## build Kueue (default pinned in dev/cluster/kueue/versions.env) from its Go module, cached

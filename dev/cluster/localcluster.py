@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import importlib.util
 import json
 import os
@@ -249,7 +250,9 @@ class LocalCluster:
         p = self.pki
         return [
             f"--etcd-servers=http://127.0.0.1:{self.ports.etcd_client}",
-            "--bind-address=127.0.0.1",
+            # Every address of the machine, its own included: there pods on
+            # the real node reach it (no kube-proxy; dev/realnode/README.md).
+            "--bind-address=0.0.0.0",
             "--advertise-address=127.0.0.1",
             f"--secure-port={self.ports.apiserver}",
             f"--tls-cert-file={p / 'apiserver.crt'}",
@@ -339,6 +342,7 @@ class LocalCluster:
     def _make_pki(self) -> None:
         p = self.pki
         if (p / "admin.crt").exists():
+            self._apiserver_cert()  # the machine's address may be new
             return
         openssl(
             "req",
@@ -355,11 +359,7 @@ class LocalCluster:
             "-subj",
             "/CN=torchfleet-local-ca",
         )
-        sans = (
-            "DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,"
-            "DNS:kubernetes.default.svc.cluster.local,IP:127.0.0.1,IP:10.96.0.1"
-        )
-        self._signed_cert("apiserver", "/CN=kube-apiserver", f"subjectAltName={sans}")
+        self._apiserver_cert()
         # system:masters is the cluster-admin group; tests and the control
         # plane components use it. Least-privilege tests mint their own tokens.
         self._signed_cert(
@@ -367,6 +367,22 @@ class LocalCluster:
         )
         openssl("genrsa", "-out", p / "sa.key", "2048")
         openssl("rsa", "-in", p / "sa.key", "-pubout", "-out", p / "sa.pub")
+
+    def _apiserver_cert(self) -> None:
+        """The API server's serving certificate, (re)issued when its names
+        change: besides the loopback and Service names, the machine's own
+        address, where pods on the real node reach it (dev/realnode)."""
+        sans = (
+            "DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,"
+            "DNS:kubernetes.default.svc.cluster.local,IP:127.0.0.1,IP:10.96.0.1"
+        )
+        with contextlib.suppress(RuntimeError):
+            sans += f",IP:{load_realnode().host_ip()}"
+        issued = self.pki / "apiserver.sans"
+        if issued.exists() and issued.read_text() == sans:
+            return
+        self._signed_cert("apiserver", "/CN=kube-apiserver", f"subjectAltName={sans}")
+        issued.write_text(sans)
 
     def _signed_cert(self, name: str, subject: str, extension: str) -> None:
         p = self.pki

@@ -43,6 +43,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -99,7 +100,7 @@ class RealNode:
         self.cgroup_root = f"/torchfleet-{tag}"
         # 10.200-249.x.0/24: clear of the node agent's 10.160-199.0.0/16.
         self.subnet = f"10.{200 + int(tag, 16) % 50}.{int(tag, 16) // 50 % 256}.0/24"
-        self.node_ip = _host_ip()
+        self.node_ip = host_ip()
 
     # ---- lifecycle -------------------------------------------------------
 
@@ -150,6 +151,30 @@ class RealNode:
                 "--wait=false",
                 "--request-timeout=10s",
             )
+
+    def api_server(self) -> tuple[str, int]:
+        """Where this node's pods reach the API server: the node's own
+        address, on which the local API server listens (it binds every
+        address; its certificate names this one). No kube-proxy runs here:
+        its rules would live in the machine's one network namespace, where
+        every local cluster's ``kubernetes`` Service is the same 10.96.0.1,
+        and the API server advertises no endpoint for it (its own address is
+        loopback). So, as in clusters without kube-proxy, a pod that talks to
+        the API server is given KUBERNETES_SERVICE_HOST and _PORT, which its
+        in-cluster configuration reads; the kubelet's own 10.96.0.1 would go
+        nowhere."""
+        return self.node_ip, self.cluster.ports.apiserver
+
+    def import_image(self, archive: Path) -> str:
+        """Imports an OCI archive (``operator-image.sh``'s) into the node's
+        containerd, as build.sh's images are, and returns the image's name."""
+        with tarfile.open(archive) as tar:
+            index = tar.extractfile("index.json")
+            assert index is not None, f"{archive} has no index.json"
+            manifests = json.load(index)["manifests"]
+        name = str(manifests[0]["annotations"]["org.opencontainers.image.ref.name"])
+        self.ctr(build(), "images", "import", "--no-unpack", str(archive))
+        return name
 
     def status(self) -> dict[str, object]:
         return {
@@ -460,7 +485,7 @@ state = "{r}/containerd-state"
         ]
 
 
-def _host_ip() -> str:
+def host_ip() -> str:
     """The address this machine's default route leaves from (a UDP connect
     sends nothing; it only picks the route)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:

@@ -258,6 +258,8 @@ def test_replicas_and_leader_election(
     assert bool(find_objects(objects, "PodDisruptionBudget")) is budget
     lease_roles = [r for r in find_objects(objects, "Role") if "leader" in r["metadata"]["name"]]
     assert bool(lease_roles) is elects
+    # The chart owns the Lease, so uninstall removes it (tests/e2e/test_helm_real_node.py).
+    assert bool(find_objects(objects, "Lease")) is elects
 
 
 def test_two_replicas_without_leader_election_are_refused(helm: Helm) -> None:
