@@ -157,7 +157,7 @@ test-helm: venv checkov cluster-build ## chart: render/lint/schema tests, instal
 	$(PY) -m pytest tests/unit/helm tests/cluster/test_helm_install.py tests/cluster/test_helm_rbac.py
 
 .PHONY: test-images
-test-images: venv ## static image checks + replay of the Dockerfiles' install steps in clean venvs
+test-images: venv ## static image checks; the operator image built and run (a venv replay where the builder cannot run); the trainer image replayed
 	$(PY) -m pytest tests/images
 
 .PHONY: lint-images
