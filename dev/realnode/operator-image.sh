@@ -121,7 +121,7 @@ for old in "$cache"/operator-*.tar; do [ "$old" = "$archive" ] || rm -f "$old"; 
 "${buildah[@]}" images --format '{{.Name}}:{{.Tag}}' \
   | grep -E '^torchfleet.local/(operator|python-standin):' | grep -vx -e "$image" -e "$base" \
   | xargs -r "${buildah[@]}" rmi >/dev/null 2>&1 || true
-if [ "$("${buildah[@]}" images --all --quiet | wc -l)" -gt 40 ]; then
+if [ "$("${buildah[@]}" images --all --quiet | wc -l)" -gt 16 ]; then
   "${buildah[@]}" rmi --prune >/dev/null 2>&1 || true
 fi
 finish "$@"
