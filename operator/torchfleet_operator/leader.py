@@ -216,7 +216,13 @@ class LeaderElector:
         (409: the resourceVersion we read is stale, or it was created meanwhile)."""
         metadata: dict[str, Any] = {"name": self.name}
         if lease is not None:
-            metadata["resourceVersion"] = (lease.get("metadata") or {}).get("resourceVersion")
+            read = lease.get("metadata") or {}
+            metadata["resourceVersion"] = read.get("resourceVersion")
+            # A replace drops what it does not carry: the chart's labels and
+            # annotations (Helm's ownership of the Lease) stay as they were.
+            for kept in ("labels", "annotations", "ownerReferences"):
+                if read.get(kept):
+                    metadata[kept] = read[kept]
         body = {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",

@@ -110,9 +110,15 @@ def test_the_standby_takes_over_a_gang_the_leader_died_creating(
     assert job_driver.wait_phase(namespace, "big", "Running", timeout=60)["restartCount"] == 0
 
 
-def test_a_leader_that_stops_cleanly_hands_over_at_once(operator_factory, job_driver, namespace):
+def test_a_leader_that_stops_cleanly_hands_over_at_once(
+    operator_factory, job_driver, cluster, namespace
+):
     replicas = _pair(operator_factory, namespace)
     leader, standby = _leader(job_driver, replicas)
+    # Metadata of the Lease's owner (the chart's labels, Helm's annotations)
+    # outlives every renewal, release and take-over.
+    label = f"torchfleet.dev/kept-{namespace[-6:]}"
+    cluster.kubectl("label", "lease", LEASE, "-n", CHART_NAMESPACE, f"{label}=yes")
     leader.stop()  # SIGTERM: releases the lease
     stopped = time.monotonic()
     job_driver.wait_for(
@@ -123,6 +129,11 @@ def test_a_leader_that_stops_cleanly_hands_over_at_once(operator_factory, job_dr
     )
     # Well before the lease would have expired on its own.
     assert time.monotonic() - stopped < LEASE_SECONDS
+    lease = json.loads(
+        cluster.kubectl("get", "lease", LEASE, "-n", CHART_NAMESPACE, "-o", "json").stdout
+    )
+    assert lease["spec"]["holderIdentity"] and lease["metadata"]["labels"][label] == "yes"
+    cluster.kubectl("label", "lease", LEASE, "-n", CHART_NAMESPACE, f"{label}-")
     job_driver.create(namespace, "after", spec(workers=1))
     job_driver.wait_running_pods(namespace, "after", 2)
 
