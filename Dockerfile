@@ -5,8 +5,11 @@
 #
 #   docker build -t ghcr.io/torchfleet/operator:0.1.0 .
 #
-# tests/images/ lints this file with hadolint and replays its install steps in
-# a clean virtual environment, checking `torchfleet-operator --help` works.
+# tests/images/ lints this file with hadolint and checks that
+# `torchfleet-operator --help` works in the image built from it without Docker
+# (dev/realnode/operator-image.sh: buildah over a Debian stand-in for the base),
+# or, where that builder cannot run, after a replay of its install steps in a
+# clean virtual environment.
 
 # Release builds pin the base by digest: --build-arg PYTHON_IMAGE=python@sha256:...
 ARG PYTHON_IMAGE=python:3.11-slim-trixie
