@@ -27,6 +27,7 @@ from tests.fixtures.cluster import audit_events
 from tests.fixtures.helm import Helm, Release
 from tests.fixtures.poll import wait_for
 from tests.fixtures.realnode import REAL_NODE_ONLY, REAL_NODE_PLACEMENT, busybox_job
+from torchfleet_operator.status.conditions import is_true
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, REAL_NODE_ONLY, pytest.mark.timeout(900)]
 
@@ -63,8 +64,7 @@ def operator_pods(cluster: Any, release: Release) -> list[dict[str, Any]]:
 
 
 def ready(pod: dict[str, Any]) -> bool:
-    conditions = pod["status"].get("conditions", [])
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+    return is_true(pod["status"].get("conditions"), "Ready")
 
 
 def release_objects(cluster: Any, release: Release) -> list[str]:
