@@ -13,6 +13,12 @@ SHORT_NAMES: Final = ("tj",)
 CATEGORIES: Final = ("all",)
 CRD_NAME: Final = f"{PLURAL}.{GROUP}"
 
+# Runtimes: what a platform team fixes once, named by a job's spec.runtimeRef.
+RUNTIME_KIND: Final = "TrainingRuntime"
+RUNTIME_PLURAL: Final = "trainingruntimes"
+CLUSTER_RUNTIME_KIND: Final = "ClusterTrainingRuntime"
+CLUSTER_RUNTIME_PLURAL: Final = "clustertrainingruntimes"
+
 # Pod names are "<job>-worker-<index>" and must stay valid DNS labels (63
 # characters, they are also the pods' hostnames): 48 leaves room for the
 # longest role suffix with a four-digit index.

@@ -871,10 +871,38 @@ def _deepspeed_launches_its_own_node() -> Rule:
     )
 
 
+def _runtime_ref_is_immutable() -> Rule:
+    """spec.runtimeRef is fixed at creation: the runtime is resolved once, when
+    the job is first reconciled, and the job keeps what it resolved to."""
+    return Rule(
+        cel="has(self.runtimeRef) == has(oldSelf.runtimeRef) && "
+        "(!has(self.runtimeRef) || self.runtimeRef == oldSelf.runtimeRef)",
+        message="spec.runtimeRef is immutable: it cannot be set, changed or removed "
+        "after the job is created",
+        check=None,
+        field_path=".runtimeRef",
+        reason="FieldValueInvalid",
+    )
+
+
+class RuntimeRef(ApiModel):
+    """The TrainingRuntime or ClusterTrainingRuntime a job takes its defaults from."""
+
+    kind: Literal["TrainingRuntime", "ClusterTrainingRuntime"] = Field(
+        c.CLUSTER_RUNTIME_KIND,
+        description="TrainingRuntime (in the job's namespace) or ClusterTrainingRuntime.",
+    )
+    name: DnsSubdomain = Field(description="The runtime's name.")
+
+
+# The container image of every pod (a job's, or a runtime's default).
+Image = Annotated[str, StringConstraints(min_length=1, max_length=512)]
+
+
 class TrainingJobSpec(ApiModel):
     """A gang of one master and N workers running distributed PyTorch."""
 
-    image: Annotated[str, StringConstraints(min_length=1, max_length=512)] | None = Field(
+    image: Image | None = Field(
         None,
         description="Container image of every pod; unset: the trainer image the operator "
         "is configured with. A role's template may override it.",
@@ -937,6 +965,14 @@ class TrainingJobSpec(ApiModel):
             "operator creates no pods, Services, claims or PodGroups for a job managed "
             "elsewhere and never writes its status (the other controller owns it).",
         )
+    )
+
+    runtime_ref: RuntimeRef | None = Field(
+        None,
+        description="A TrainingRuntime or ClusterTrainingRuntime whose spec fills in what "
+        "this job leaves out (docs/tasks/runtimes.md): the job's fields win, pod templates "
+        "merge by container name, env by variable name, volumes by name. Resolved once, "
+        "when the job is first reconciled, and recorded in status.runtime; immutable.",
     )
 
     rules = (
@@ -1011,6 +1047,7 @@ class TrainingJobSpec(ApiModel):
         ),
         _worker_resizes_only_when_elastic(),
         _managed_by_is_immutable(),
+        _runtime_ref_is_immutable(),
     )
 
     # ---- derived values the operator uses ----
@@ -1071,7 +1108,8 @@ class Condition(StatusModel):
         "Succeeded, Failed. Scheduled (False: a pod waits for the scheduler) and "
         "GangScheduled (the PodGroup's phase). ChildrenRejected (the apiserver refused a "
         "child). SpecNotUnderstood (the stored spec no longer parses; the job goes on). "
-        "Kueue: QuotaReserved, Admitted, Evicted. Node health: Straggler, Preflight, Stalled."
+        "Kueue: QuotaReserved, Admitted, Evicted. Node health: Straggler, Preflight, Stalled. "
+        "RuntimeResolved (spec.runtimeRef; False with RuntimeNotFound: the job waits)."
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: Annotated[str, StringConstraints(max_length=1024)] | None = Field(
@@ -1304,6 +1342,28 @@ class InPlaceRestartsStatus(StatusModel):
 JobPhase = Literal["Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
 
 
+class ResolvedRuntime(StatusModel):
+    """The runtime a job resolved, once, when it was first reconciled: its
+    spec as it was then is what the job keeps, whatever happens to it since."""
+
+    kind: Annotated[str, StringConstraints(max_length=64)] = Field(
+        description="TrainingRuntime or ClusterTrainingRuntime."
+    )
+    name: Annotated[str, StringConstraints(max_length=253)] = Field(
+        description="The runtime's name."
+    )
+    generation: int | None = Field(
+        None, ge=0, description="The runtime's metadata.generation when it was resolved."
+    )
+    hash: Annotated[str, StringConstraints(max_length=64)] = Field(
+        description="sha256 of the runtime's spec as resolved (its first 16 hex digits)."
+    )
+    spec: dict[str, Any] = Field(
+        description="The runtime's spec as resolved, merged under the job's on every pass.",
+        json_schema_extra={"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+    )
+
+
 class TrainingJobStatus(StatusModel):
     """What the operator observed; written only by the operator."""
 
@@ -1373,6 +1433,11 @@ class TrainingJobStatus(StatusModel):
     health: HealthStatus | None = Field(
         None,
         description="The gang's per-node figures and the nodes the job avoids.",
+    )
+    runtime: ResolvedRuntime | None = Field(
+        None,
+        description="The runtime spec.runtimeRef resolved to, recorded when the job was "
+        "first reconciled: editing or deleting the runtime since changes nothing here.",
     )
     observed_generation: int | None = Field(
         None, ge=0, description="metadata.generation last reconciled."
