@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from torchfleet_operator import metrics
+from torchfleet_operator.api.constants import RUNTIME_KIND
 from torchfleet_operator.api.parse import read_status
 from torchfleet_operator.config import OperatorConfig
 from torchfleet_operator.desired.names import checkpoint_claim_name
@@ -34,9 +35,11 @@ from torchfleet_operator.observed import (
     Observed,
     ObservedNode,
     ObservedPod,
+    ObservedRuntime,
     current_pod_group,
 )
 from torchfleet_operator.planning import Plan
+from torchfleet_operator.policy import runtime
 from torchfleet_operator.reconcile import plan
 from torchfleet_operator.scraper import ProgressPoller
 from torchfleet_operator.status import restarts
@@ -68,6 +71,11 @@ class Caches:
     workload_priorities: Mapping[Any, Iterable[Any]] = field(default_factory=dict)
     kueue_crds: Mapping[Any, Iterable[Any]] = field(default_factory=dict)
     pod_groups: Mapping[Any, Iterable[Any]] = field(default_factory=dict)
+    # Runtimes (spec.runtimeRef): TrainingRuntimes by (namespace, name),
+    # ClusterTrainingRuntimes by name; the jobs naming each, by runtime_key.
+    runtimes: Mapping[Any, Iterable[Any]] = field(default_factory=dict)
+    cluster_runtimes: Mapping[Any, Iterable[Any]] = field(default_factory=dict)
+    runtime_users: Mapping[Any, Iterable[Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -369,8 +377,21 @@ class Controller:
             saved_checkpoint=self.pod_informer.index.saved.get(key),
             kueue=self._kueue_view(key, body, uid),
             pod_group=current_pod_group(self.caches.pod_groups.get(key) or (), uid),
+            runtime=self._runtime(key, body),
         )
         return Snapshot(body=body, observed=observed)
+
+    def _runtime(self, key: JobKey, body: dict[str, Any]) -> ObservedRuntime | None:
+        """The runtime the job's spec.runtimeRef names, if the watch has it."""
+        ref = runtime.reference(body.get("spec"))
+        if ref is None:
+            return None
+        kind, name = ref
+        if kind == RUNTIME_KIND:
+            found: ObservedRuntime | None = _first(self.caches.runtimes.get((key[0], name)))
+        else:
+            found = _first(self.caches.cluster_runtimes.get(name))
+        return found
 
     def _kueue_view(self, key: JobKey, body: dict[str, Any], uid: str) -> KueueView:
         caches = self.caches
@@ -660,6 +681,13 @@ def _status_known_before_executing(decided: Plan) -> bool:
     """Nothing the plan does can change its status: it creates nothing (no
     refusal to report) and does not delete the job (no status to write)."""
     return not decided.create and not decided.dry_run and not decided.delete_job
+
+
+def runtime_key(ref: tuple[str, str], namespace: str) -> tuple[str, ...]:
+    """How the runtime caches key a runtime: (kind, namespace, name) for a
+    TrainingRuntime, (kind, name) for a ClusterTrainingRuntime."""
+    kind, name = ref
+    return (kind, namespace, name) if kind == RUNTIME_KIND else (kind, name)
 
 
 def _claim_key(body: dict[str, Any]) -> tuple[str, str]:

@@ -16,8 +16,16 @@ from typing import Any
 
 import kopf
 
-from torchfleet_operator.api.constants import GROUP, PLURAL, VERSION
-from torchfleet_operator.controller import Controller, cached_job
+from torchfleet_operator.api.constants import (
+    CLUSTER_RUNTIME_KIND,
+    CLUSTER_RUNTIME_PLURAL,
+    GROUP,
+    PLURAL,
+    RUNTIME_KIND,
+    RUNTIME_PLURAL,
+    VERSION,
+)
+from torchfleet_operator.controller import Controller, cached_job, runtime_key
 from torchfleet_operator.desired.labels import JOB_NAME_LABEL
 from torchfleet_operator.desired.podgroup import NATIVE_API
 from torchfleet_operator.desired.workload import (
@@ -27,7 +35,14 @@ from torchfleet_operator.desired.workload import (
     served_versions,
 )
 from torchfleet_operator.metrics import JobKey
-from torchfleet_operator.observed import Flavor, ObservedNode, ObservedPodGroup, ObservedWorkload
+from torchfleet_operator.observed import (
+    Flavor,
+    ObservedNode,
+    ObservedPodGroup,
+    ObservedRuntime,
+    ObservedWorkload,
+)
+from torchfleet_operator.policy import runtime
 
 CHILD = {JOB_NAME_LABEL: kopf.PRESENT}
 # Kueue's API. Its CRDs may be absent: kopf serves these handlers once they
@@ -89,6 +104,9 @@ async def start(
     caches.pod_groups = _Both(
         indices["tf_coscheduling_groups"], indices["tf_volcano_groups"], indices["tf_native_groups"]
     )
+    caches.runtimes = indices["tf_runtimes"]
+    caches.cluster_runtimes = indices["tf_cluster_runtimes"]
+    caches.runtime_users = indices["tf_runtime_users"]
     controller.start()
 
 
@@ -191,6 +209,29 @@ async def tf_native_groups(namespace: str | None, labels: kopf.Labels, **kw: Any
     return _pod_group_entry(namespace, labels, kw["body"])
 
 
+# Runtimes (spec.runtimeRef), and which jobs name each: a job waiting for its
+# runtime is queued when the runtime appears. kopf serves these once the
+# runtime CRDs exist, as Kueue's.
+
+
+@kopf.index(GROUP, VERSION, RUNTIME_PLURAL)
+async def tf_runtimes(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> Any:
+    return {(namespace, name): ObservedRuntime.from_manifest(dict(body))}
+
+
+@kopf.index(GROUP, VERSION, CLUSTER_RUNTIME_PLURAL)
+async def tf_cluster_runtimes(name: str, body: kopf.Body, **_: Any) -> Any:
+    return {name: ObservedRuntime.from_manifest(dict(body))}
+
+
+@kopf.index(GROUP, VERSION, PLURAL)
+async def tf_runtime_users(
+    namespace: str | None, name: str, spec: kopf.Spec, **_: Any
+) -> dict[Any, Any] | None:
+    ref = runtime.reference(dict(spec))
+    return {runtime_key(ref, namespace or ""): _key(namespace, name)} if ref else None
+
+
 class _Both(Mapping[Any, list[Any]]):
     """Indices read as one: a job's PodGroups of any kind."""
 
@@ -283,6 +324,22 @@ async def native_group_changed(
     namespace: str | None, labels: kopf.Labels, memo: Any, **_: Any
 ) -> None:
     _controller(memo).enqueue(_key(namespace, labels[JOB_NAME_LABEL]))
+
+
+async def _runtime_changed(key: tuple[str, ...], memo: Any) -> None:
+    controller = _controller(memo)
+    for job in controller.caches.runtime_users.get(key) or ():
+        controller.enqueue(job)
+
+
+@kopf.on.event(GROUP, VERSION, RUNTIME_PLURAL)
+async def runtime_changed(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+    await _runtime_changed(runtime_key((RUNTIME_KIND, name), namespace or ""), memo)
+
+
+@kopf.on.event(GROUP, VERSION, CLUSTER_RUNTIME_PLURAL)
+async def cluster_runtime_changed(name: str, memo: Any, **_: Any) -> None:
+    await _runtime_changed(runtime_key((CLUSTER_RUNTIME_KIND, name), ""), memo)
 
 
 # Per-object and per-probe INFO lines would dominate the log at scale.

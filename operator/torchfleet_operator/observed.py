@@ -7,6 +7,7 @@ scale), and the planner takes them as plain data. Pure: no client imports.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from collections.abc import Iterable
@@ -47,6 +48,28 @@ def parse_time(raw: Any) -> datetime | None:
 def timestamp(now: datetime) -> str:
     """A status timestamp: RFC 3339, UTC, whole seconds."""
     return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class ObservedRuntime:
+    """A TrainingRuntime or ClusterTrainingRuntime as the watch saw it."""
+
+    kind: str
+    name: str
+    generation: int | None
+    spec: dict[str, Any]
+
+    @classmethod
+    def from_manifest(cls, body: dict[str, Any]) -> ObservedRuntime:
+        meta = body.get("metadata") or {}
+        generation = meta.get("generation")
+        spec = body.get("spec")
+        return cls(
+            kind=str(body.get("kind") or ""),
+            name=str(meta.get("name") or ""),
+            generation=generation if isinstance(generation, int) else None,
+            spec=copy.deepcopy(spec) if isinstance(spec, dict) else {},
+        )
 
 
 @dataclass(frozen=True)
@@ -622,3 +645,6 @@ class Observed:
     kueue: KueueView | None = None
     # The job's PodGroup (gang scheduling), when its CRD exists and it was seen.
     pod_group: ObservedPodGroup | None = None
+    # The runtime the job's spec.runtimeRef names, as the watch last saw it
+    # (None: not found, or no runtimeRef). Read only until status records it.
+    runtime: ObservedRuntime | None = None

@@ -8,7 +8,8 @@ This module only dispatches: each decision is its policy's, whole
 (``policy/``), written into the pass (``planning.Pass``) in this order:
 
 * run by another controller (spec.managedBy): left alone (managed.py);
-* the spec: invalid or no longer understood (invalid.py);
+* spec.runtimeRef: resolved once, or waited for (runtime.py);
+* the spec (merged over its runtime's): invalid or no longer understood (invalid.py);
 * finished: clean up, release Kueue's quota, the TTL (finish.py, ttl.py);
 * suspended (suspend.py); queued for Kueue (kueue.py);
 * the deadline (deadline.py); a pod template refused as invalid (invalid.py);
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -53,19 +55,27 @@ from torchfleet_operator.policy import (
     kueue,
     managed,
     reporting,
+    runtime,
     success,
     suspend,
 )
 from torchfleet_operator.status import restarts
 
 
-def validation_problem(body: dict[str, Any]) -> tuple[TrainingJob | None, str | None]:
-    """The parsed job, or the problem with it naming the field."""
+def validation_problem(
+    body: dict[str, Any], source: Callable[[str], str] | None = None
+) -> tuple[TrainingJob | None, str | None]:
+    """The parsed job, or the problem with it naming the field (and, for a job
+    merged over a runtime, ``source``'s word on which side set it)."""
     try:
         job = parse_training_job(body)
     except InvalidSpecError as exc:
         # Every problem, each with the field path its rule blames.
-        return None, str(exc)
+        if source is None:
+            return None, str(exc)
+        return None, "; ".join(
+            f"{path} (from {source(path)}): {message}" for path, message in exc.problems
+        )
     name = job.metadata.name or ""
     problem = names.name_problem(name, job.spec.worker.replicas)
     return (None, problem) if problem else (job, None)
@@ -99,7 +109,11 @@ def plan(
     step = Pass(
         body, status if status is not None else body.get("status") or {}, observed, now, config
     )
-    job, problem = validation_problem(body)
+    resolved = runtime.resolve(step, body)
+    if isinstance(resolved, Plan):  # its runtime is not there yet
+        return resolved
+    body = resolved.body
+    job, problem = validation_problem(body, resolved.source)
     if job is None:
         raw_spec = body.get("spec")  # the API server's schema says an object; trust nothing
         return invalid.not_understood(

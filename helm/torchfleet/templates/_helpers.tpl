@@ -90,6 +90,8 @@ operator makes (operator/torchfleet_operator/handlers.py and kube.py):
 - trainingjobs: kopf lists and watches them into its index; the operator
   deletes a finished job once ttlSecondsAfterFinished has passed. Spec is
   never written, and the one status write per pass is a merge patch.
+- trainingruntimes: kopf lists and watches them into its index (a job's
+  spec.runtimeRef is resolved from it); never written.
 - trainingjobs/finalizers: creating children whose owner reference sets
   blockOwnerDeletion needs it where OwnerReferencesPermissionEnforcement is on.
 - pods: watched (by label) and created and deleted as a gang. Services and
@@ -110,6 +112,9 @@ operator makes (operator/torchfleet_operator/handlers.py and kube.py):
 - apiGroups: ["torchfleet.dev"]
   resources: ["trainingjobs"]
   verbs: ["list", "watch", "delete"]
+- apiGroups: ["torchfleet.dev"]
+  resources: ["trainingruntimes"]
+  verbs: ["list", "watch"]
 - apiGroups: ["torchfleet.dev"]
   resources: ["trainingjobs/status"]
   verbs: ["patch"]
@@ -151,6 +156,8 @@ Cluster-scoped reads:
   Kueue's Workload CRD (a queued job waits with a condition while it is absent).
 - resourceflavors (Kueue): an admitted flavor's nodeLabels and tolerations go
   onto the pods.
+- clustertrainingruntimes: a job's spec.runtimeRef may name one (read only;
+  its users need no rights on it).
 - priorityclasses: a queued job's Workload carries its PriorityClass's value.
 - workloadpriorityclasses (Kueue): or that of the WorkloadPriorityClass its
   kueue.x-k8s.io/priority-class label names.
@@ -161,6 +168,9 @@ Cluster-scoped reads:
 {{- define "torchfleet.rbac.clusterRules" -}}
 - apiGroups: [""]
   resources: ["nodes"]
+  verbs: ["list", "watch"]
+- apiGroups: ["torchfleet.dev"]
+  resources: ["clustertrainingruntimes"]
   verbs: ["list", "watch"]
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]

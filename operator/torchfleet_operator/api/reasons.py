@@ -25,6 +25,8 @@ CONDITION_SPEC_NOT_UNDERSTOOD: Final = "SpecNotUnderstood"
 CONDITION_SCHEDULED: Final = "Scheduled"
 # The PodGroup's phase and its gang scheduler's reason (status/podgroup.py).
 CONDITION_GANG_SCHEDULED: Final = "GangScheduled"
+# spec.runtimeRef resolved (True, once) or its runtime not found (False: the job waits).
+CONDITION_RUNTIME_RESOLVED: Final = "RuntimeResolved"
 
 # Node health (policy/health.py): a node slower than the gang's median, the
 # trainer's preflight check of a new gang, a step counter that stands still.
@@ -65,6 +67,8 @@ REASON_GANG_WAITING: Final = "GangWaiting"
 REASON_BELOW_MIN_NODES: Final = "BelowMinNodes"
 REASON_UNDERSTOOD: Final = "Understood"
 REASON_PARSE_ERROR: Final = "ParseError"
+REASON_RUNTIME_RESOLVED: Final = "RuntimeResolved"
+REASON_RUNTIME_NOT_FOUND: Final = "RuntimeNotFound"
 
 # ---- reasons: why a pod ended the gang (policy/failure.py) ----
 REASON_POD_FAILED: Final = "PodFailed"

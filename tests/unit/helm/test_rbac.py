@@ -23,6 +23,8 @@ def _grants(*groups: str, resources: tuple[str, ...], verbs: str) -> set[Grant]:
 # blockOwnerDeletion (which needs finalizers update).
 NAMESPACED_GRANTS = (
     _grants("torchfleet.dev", resources=("trainingjobs",), verbs="list watch delete")
+    # Runtimes a job's spec.runtimeRef names: read into an index, never written.
+    | _grants("torchfleet.dev", resources=("trainingruntimes",), verbs="list watch")
     | _grants("torchfleet.dev", resources=("trainingjobs/status",), verbs="patch")
     | _grants("torchfleet.dev", resources=("trainingjobs/finalizers",), verbs="update")
     | _grants("", resources=("pods",), verbs="list watch create delete")
@@ -46,6 +48,7 @@ PODGROUP_GRANTS["scheduling.k8s.io"] |= _grants(
 # loses its pods) and kopf watches CRDs (TrainingJob's coming and going).
 CLUSTER_GRANTS = (
     _grants("", resources=("nodes",), verbs="list watch")
+    | _grants("torchfleet.dev", resources=("clustertrainingruntimes",), verbs="list watch")
     | _grants("apiextensions.k8s.io", resources=("customresourcedefinitions",), verbs="list watch")
     # Kueue: admitted flavors' placement, and the priority a Workload carries.
     | _grants(
