@@ -25,7 +25,7 @@ API = "/apis/torchfleet.dev/v1alpha1"
 COMMAND = ["torchrun", "train.py"]
 
 
-def _runtime_spec(image: str) -> dict[str, Any]:
+def runtime_spec(image: str) -> dict[str, Any]:
     """A platform team's runtime: image, KWOK's nodes, env, NCCL, CPU."""
     template = {
         "metadata": {"labels": {"team": "platform"}},
@@ -98,15 +98,15 @@ def runtimes(job_driver: Any) -> Iterator[Runtimes]:
             made.raw.request("DELETE", path)
 
 
-def _trainer(pod: dict[str, Any]) -> dict[str, Any]:
+def trainer_of(pod: dict[str, Any]) -> dict[str, Any]:
     return next(x for x in pod["spec"]["containers"] if x["name"] == "trainer")
 
 
 def _env(pod: dict[str, Any]) -> dict[str, str | None]:
-    return {e["name"]: e.get("value") for e in _trainer(pod).get("env") or ()}
+    return {e["name"]: e.get("value") for e in trainer_of(pod).get("env") or ()}
 
 
-def _job(runtime_kind: str, runtime_name: str, **spec: Any) -> dict[str, Any]:
+def job_on(runtime_kind: str, runtime_name: str, **spec: Any) -> dict[str, Any]:
     return {
         "runtimeRef": {"kind": runtime_kind, "name": runtime_name},
         "command": COMMAND,
@@ -118,21 +118,21 @@ def test_a_job_on_a_cluster_runtime_runs_the_merged_spec(
     shared_operator, job_driver, runtimes, namespace
 ):
     name = f"{namespace}-gpu"  # cluster-scoped: one per test's namespace
-    runtimes.create(c.CLUSTER_RUNTIME_KIND, name, _runtime_spec("example.com/train:1"))
+    runtimes.create(c.CLUSTER_RUNTIME_KIND, name, runtime_spec("example.com/train:1"))
     own = {
         "spec": {"containers": [{"name": "trainer", "env": [{"name": "SHARED", "value": "job"}]}]}
     }
     job_driver.create(
         namespace,
         "merged",
-        _job(c.CLUSTER_RUNTIME_KIND, name, worker={"replicas": 1, "template": own}),
+        job_on(c.CLUSTER_RUNTIME_KIND, name, worker={"replicas": 1, "template": own}),
     )
     pods = job_driver.wait_running_pods(namespace, "merged", 2)
 
     for pod in pods:
-        assert _trainer(pod)["image"] == "example.com/train:1"
-        assert _trainer(pod)["command"][:2] == COMMAND
-        assert _trainer(pod)["resources"]["requests"]["cpu"] == "2"
+        assert trainer_of(pod)["image"] == "example.com/train:1"
+        assert trainer_of(pod)["command"][:2] == COMMAND
+        assert trainer_of(pod)["resources"]["requests"]["cpu"] == "2"
         assert pod["spec"]["nodeSelector"] == ON_FAKE_NODES["spec"]["nodeSelector"]
         assert pod["metadata"]["labels"]["team"] == "platform"
         env = _env(pod)
@@ -158,23 +158,23 @@ def test_editing_or_deleting_the_runtime_changes_no_running_job_and_applies_to_t
     shared_operator, job_driver, runtimes, namespace
 ):
     kind = c.RUNTIME_KIND
-    runtimes.create(kind, "team", _runtime_spec("example.com/train:1"), namespace)
-    job_driver.create(namespace, "first", _job(kind, "team", worker={"replicas": 1}))
+    runtimes.create(kind, "team", runtime_spec("example.com/train:1"), namespace)
+    job_driver.create(namespace, "first", job_on(kind, "team", worker={"replicas": 1}))
     before = {p["metadata"]["uid"] for p in job_driver.wait_running_pods(namespace, "first", 2)}
 
     passes = shared_operator.passes((namespace, "first"))
     runtimes.patch(kind, "team", {"spec": {"image": "example.com/train:2"}}, namespace)
     # The next job resolves the runtime as it is now: the operator saw the edit.
-    job_driver.create(namespace, "second", _job(kind, "team", worker={"replicas": 1}))
+    job_driver.create(namespace, "second", job_on(kind, "team", worker={"replicas": 1}))
     second = job_driver.wait_running_pods(namespace, "second", 2)
-    assert {_trainer(p)["image"] for p in second} == {"example.com/train:2"}
+    assert {trainer_of(p)["image"] for p in second} == {"example.com/train:2"}
     assert job_driver.status(namespace, "second")["runtime"]["generation"] == 2
     # The edit's event queued the first job too (it names the runtime): its
     # pass has run and kept its pods and its record.
     shared_operator.wait_idle_after(passes, (namespace, "first"))
     pods = job_driver.wait_running_pods(namespace, "first", 2)
     assert {p["metadata"]["uid"] for p in pods} == before
-    assert {_trainer(p)["image"] for p in pods} == {"example.com/train:1"}
+    assert {trainer_of(p)["image"] for p in pods} == {"example.com/train:1"}
     assert job_driver.status(namespace, "first")["runtime"]["generation"] == 1
 
     # Deleted, it still leaves the first job its own: a gang restart makes
@@ -183,7 +183,7 @@ def test_editing_or_deleting_the_runtime_changes_no_running_job_and_applies_to_t
     master = next(p for p in pods if p["metadata"]["labels"]["torchfleet.dev/role"] == "master")
     job_driver.fail_pod(namespace, master["metadata"]["name"])
     restarted = job_driver.wait_running_pods(namespace, "first", 2, restart=1)
-    assert {_trainer(p)["image"] for p in restarted} == {"example.com/train:1"}
+    assert {trainer_of(p)["image"] for p in restarted} == {"example.com/train:1"}
     assert job_driver.status(namespace, "first")["runtime"]["generation"] == 1
 
 
@@ -191,7 +191,7 @@ def test_a_job_naming_a_missing_runtime_waits_and_starts_once_it_is_created(
     shared_operator, job_driver, runtimes, namespace
 ):
     kind = c.RUNTIME_KIND
-    job_driver.create(namespace, "early", _job(kind, "later", worker={"replicas": 1}))
+    job_driver.create(namespace, "early", job_on(kind, "later", worker={"replicas": 1}))
 
     def waiting() -> dict[str, Any] | None:
         found = conditions.find(
@@ -209,9 +209,9 @@ def test_a_job_naming_a_missing_runtime_waits_and_starts_once_it_is_created(
     assert status["phase"] == c.PHASE_PENDING and "runtime" not in status
     assert job_driver.pods(namespace, "early") == []
 
-    runtimes.create(kind, "later", _runtime_spec("example.com/train:3"), namespace)
+    runtimes.create(kind, "later", runtime_spec("example.com/train:3"), namespace)
     pods = job_driver.wait_running_pods(namespace, "early", 2)
-    assert {_trainer(p)["image"] for p in pods} == {"example.com/train:3"}
+    assert {trainer_of(p)["image"] for p in pods} == {"example.com/train:3"}
     resolved = conditions.find(
         job_driver.status(namespace, "early")["conditions"], r.CONDITION_RUNTIME_RESOLVED
     )
@@ -222,11 +222,13 @@ def test_an_invalid_merge_fails_the_job_naming_the_field_and_its_side(
     shared_operator, job_driver, runtimes, namespace
 ):
     kind = c.RUNTIME_KIND
-    tcp = {**_runtime_spec("example.com/train:1"), "network": {"transport": "tcp"}}
+    tcp = {**runtime_spec("example.com/train:1"), "network": {"transport": "tcp"}}
     runtimes.create(kind, "tcp", tcp, namespace)
     # Valid alone (the API server takes it), invalid over a tcp runtime.
     job_driver.create(
-        namespace, "rdma", _job(kind, "tcp", network={"ibHCAs": ["mlx5_0"]}, worker={"replicas": 1})
+        namespace,
+        "rdma",
+        job_on(kind, "tcp", network={"ibHCAs": ["mlx5_0"]}, worker={"replicas": 1}),
     )
     status = job_driver.wait_phase(namespace, "rdma", c.PHASE_FAILED)
     failed = conditions.find(status["conditions"], c.PHASE_FAILED)
@@ -234,9 +236,9 @@ def test_an_invalid_merge_fails_the_job_naming_the_field_and_its_side(
     assert failed["message"].startswith("spec.network.ibHCAs (from the job): ")
     assert "needs an RDMA transport" in failed["message"]
 
-    gpu = {**_runtime_spec("example.com/train:1"), "processesPerNode": "gpu"}
+    gpu = {**runtime_spec("example.com/train:1"), "processesPerNode": "gpu"}
     runtimes.create(kind, "gpu", gpu, namespace)
-    job_driver.create(namespace, "cpu", _job(kind, "gpu", worker={"replicas": 1}))
+    job_driver.create(namespace, "cpu", job_on(kind, "gpu", worker={"replicas": 1}))
     status = job_driver.wait_phase(namespace, "cpu", c.PHASE_FAILED)
     failed = conditions.find(status["conditions"], c.PHASE_FAILED)
     assert failed is not None
@@ -245,7 +247,7 @@ def test_an_invalid_merge_fails_the_job_naming_the_field_and_its_side(
 
 
 def test_runtime_ref_is_immutable(operator_crd, job_driver, namespace):
-    job_driver.create(namespace, "fixed", _job(c.RUNTIME_KIND, "a", suspend=True))
+    job_driver.create(namespace, "fixed", job_on(c.RUNTIME_KIND, "a", suspend=True))
     with pytest.raises(ApiException) as refused:
         job_driver.patch(namespace, "fixed", {"spec": {"runtimeRef": {"name": "b"}}})
     assert refused.value.status == 422 and "spec.runtimeRef" in refused.value.body
