@@ -26,8 +26,8 @@ WORKDIR /src
 COPY requirements/operator.txt requirements/
 RUN pip install --require-hashes --no-deps -r requirements/operator.txt
 COPY pyproject.toml README.md ./
+COPY contract/torchfleet_contract/ contract/torchfleet_contract/
 COPY operator/torchfleet_operator/ operator/torchfleet_operator/
-COPY trainer_image/torchfleet_trainer/ trainer_image/torchfleet_trainer/
 # --no-index: the operator extra must be satisfied by the lock alone, so a
 # dependency missing from the lock fails here instead of floating in.
 RUN pip wheel --no-deps --wheel-dir dist . \

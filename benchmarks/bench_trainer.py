@@ -61,7 +61,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from torchfleet_trainer.config import TrainConfig
+from torchfleet_contract.trainer_config import TrainConfig
 from torchfleet_trainer.data import BatchSampler, load_corpus
 from torchfleet_trainer.metrics import mfu_peak_tflops, no_peak_message
 from torchfleet_trainer.models import build_model

@@ -44,7 +44,7 @@ base_packages=python3,python3-venv,python-is-python3
 context=$(mktemp -d "${TMPDIR:-/tmp}/operator-image.XXXXXX")
 trap 'rm -rf "$context"' EXIT
 (cd "$repo" && cp --parents Dockerfile .dockerignore pyproject.toml README.md requirements/operator.txt "$context/" \
-  && find operator/torchfleet_operator trainer_image/torchfleet_trainer -type f \
+  && find contract/torchfleet_contract operator/torchfleet_operator -type f \
        ! -path '*/__pycache__/*' ! -name '*.py[co]' -exec cp --parents -t "$context/" {} +)
 key=$( { (cd "$context" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum); \
   cat "$0"; echo "$release $base_packages"; } | sha256sum | cut -c1-16)

@@ -11,7 +11,7 @@ import dataclasses
 import os
 from collections.abc import Mapping
 
-from torchfleet_trainer import contract
+from torchfleet_contract import pod as contract
 
 ENV_PREFIX = "TORCHFLEET_OPERATOR_"
 # The image of pods whose job names none (spec.image, the templates' trainer).

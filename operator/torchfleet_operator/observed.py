@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from torchfleet_contract import pod as contract
 from torchfleet_operator.api import reasons as r
 from torchfleet_operator.api.constants import TRAINER_CONTAINER_NAME
 from torchfleet_operator.desired.labels import NODE_RANK_LABEL, RESTART_LABEL, ROLE_LABEL
 from torchfleet_operator.desired.workload import KUEUE_API
-from torchfleet_trainer import contract
 
 # A termination message (with FallbackToLogsOnError: the log's tail) is cut to
 # its last this many characters: enough for the error line, small for a status.

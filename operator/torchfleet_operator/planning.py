@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from torchfleet_contract import pod as contract
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.api import reasons as r
 from torchfleet_operator.api.parse import read_status, status_wire, wire
@@ -36,7 +37,6 @@ from torchfleet_operator.observed import Observed, ObservedPod, parse_time, time
 from torchfleet_operator.status import conditions as cond
 from torchfleet_operator.status import goodput, restarts
 from torchfleet_operator.status import progress as progress_status
-from torchfleet_trainer import contract
 
 FINISHED = (c.PHASE_SUCCEEDED, c.PHASE_FAILED)
 # Status keys the time accounting writes.

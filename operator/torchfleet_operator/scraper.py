@@ -27,10 +27,10 @@ from typing import Any, Generic, TypeVar
 
 import aiohttp
 
+from torchfleet_contract import pod as contract
 from torchfleet_operator import metrics
 from torchfleet_operator.observed import GangHealth, timestamp
 from torchfleet_operator.status.progress import MetricsError, scrape_from_metrics
-from torchfleet_trainer import contract
 
 log = logging.getLogger(__name__)
 MAX_BACKOFF_INTERVALS = 4

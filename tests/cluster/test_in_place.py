@@ -26,9 +26,9 @@ import pytest
 
 from tests.cluster.test_node_health import exported
 from tests.fixtures.scripted_metrics import scraped_again, scraping_env
+from torchfleet_contract import pod as k
 from torchfleet_operator.desired.names import pod_name_for_rank
 from torchfleet_operator.status.conditions import find
-from torchfleet_trainer import contract as k
 
 pytestmark = pytest.mark.cluster
 

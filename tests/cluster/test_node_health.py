@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from tests.fixtures.scripted_metrics import GANG_WORKERS, scraped_again
+from torchfleet_contract import pod as k
 from torchfleet_operator.desired.names import pod_name_for_rank
 from torchfleet_operator.status.conditions import find
-from torchfleet_trainer import contract as k
 
 pytestmark = pytest.mark.cluster
 

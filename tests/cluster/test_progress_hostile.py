@@ -20,11 +20,11 @@ from prometheus_client import REGISTRY
 
 from tests.fixtures.operator import kwok_job_spec as spec
 from tests.fixtures.scripted_metrics import ScriptedMetrics, on_node
+from torchfleet_contract import pod as contract
 from torchfleet_operator.config import OperatorConfig
 from torchfleet_operator.controller import Controller
 from torchfleet_operator.kube import Executor
 from torchfleet_operator.planning import Plan
-from torchfleet_trainer import contract
 
 pytestmark = pytest.mark.cluster
 

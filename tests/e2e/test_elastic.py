@@ -57,7 +57,7 @@ from tests.fixtures.e2e import (
     release_once_dead,
     silent_node,
 )
-from torchfleet_trainer import contract
+from torchfleet_contract import pod as contract
 
 from nodeagent import procs  # isort: skip  (dev/ is put on the path by the fixtures)
 

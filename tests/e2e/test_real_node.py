@@ -30,7 +30,7 @@ from tests.fixtures.realnode import (
     REAL_NODE_PLACEMENT,
     busybox_job,
 )
-from torchfleet_trainer import contract
+from torchfleet_contract import pod as contract
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, REAL_NODE_ONLY]
 

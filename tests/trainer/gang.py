@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from torchfleet_trainer import contract
+from torchfleet_contract import pod as contract
 
 
 def tiny_config(nodes: int, log_interval: int, checkpoints: bool) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from tests.trainer.user_models import SMALL, MaskedMixer
-from torchfleet_trainer.config import TrainConfig, load_config
+from torchfleet_contract.trainer_config import TrainConfig, load_config
 from torchfleet_trainer.train import Trainer, build_runtime
 
 COMMON = [

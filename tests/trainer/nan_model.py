@@ -14,7 +14,7 @@ import os
 import torch
 from torch import nn
 
-from torchfleet_trainer.config import ModelConfig
+from torchfleet_contract.trainer_config import ModelConfig
 
 NAN_STEPS = "TEST_NAN_STEPS"
 

@@ -24,7 +24,7 @@ from torch.distributed._composable.replicate import DDP
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.distributed.tensor import DTensor
 
-from torchfleet_trainer.config import load_config
+from torchfleet_contract.trainer_config import load_config
 from torchfleet_trainer.train import Trainer, build_runtime
 
 

@@ -43,7 +43,7 @@ from tests.fixtures.poll import wait_for
 from tests.fixtures.trainer import cpu_description
 from tests.trainer.cli_process import TrainerProcess, free_port, pending_signals, worker_pid
 from tests.trainer.test_strategies import GRAD_NORM_REL_TOL, LOSS_TOL, base, learnable_tokens
-from torchfleet_trainer import contract
+from torchfleet_contract import pod as contract
 from torchfleet_trainer.checkpoint import MARKER, step_dir
 from torchfleet_trainer.launcher.outcomes import EXIT_PREEMPTED
 

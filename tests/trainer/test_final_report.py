@@ -29,7 +29,7 @@ from tests.trainer.cli_process import TrainerProcess, free_port
 from tests.trainer.test_non_finite import CONFIG as DIVERGING
 from tests.trainer.test_non_finite import nan_model
 from tests.trainer.user_models import TINY_LLAMA
-from torchfleet_trainer import contract
+from torchfleet_contract import pod as contract
 from torchfleet_trainer.checkpoint import MARKER, step_dir
 from torchfleet_trainer.launcher.outcomes import EXIT_DIVERGED
 from torchfleet_trainer.termination import MESSAGE_LIMIT

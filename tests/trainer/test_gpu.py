@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.trainer.cli_process import TrainerProcess, free_port
-from torchfleet_trainer import contract
+from torchfleet_contract import pod as contract
 from torchfleet_trainer.metrics import no_peak_message
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ def test_fsdp2_mixed_precision_computes_in_bf16_keeps_fp32_master_weights() -> N
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from torchfleet_trainer.config import ModelConfig
+    from torchfleet_contract.trainer_config import ModelConfig
     from torchfleet_trainer.distributed.data_parallel import apply_fsdp
     from torchfleet_trainer.models import build_model
 
@@ -157,7 +157,7 @@ def tokens(tmp_path: Path) -> Path:
 
 
 def gpu_trainer(tokens: Path, *extra: str) -> Trainer:
-    from torchfleet_trainer.config import load_config
+    from torchfleet_contract.trainer_config import load_config
     from torchfleet_trainer.train import Trainer, build_runtime
 
     torch._dynamo.reset()
@@ -245,7 +245,7 @@ def test_fsdp_memory_mode_wraps_and_trains_like_the_default(
 
 
 def test_cuda_graphs_on_and_off_give_the_same_losses(nccl_one_rank: None, tokens: Path) -> None:
-    from torchfleet_trainer.config import ConfigError
+    from torchfleet_contract.trainer_config import ConfigError
 
     compiled = losses(gpu_trainer(tokens, "training.compile=true"))
     graphs = gpu_trainer(tokens, "training.compile=true", "training.cudaGraphs=true")

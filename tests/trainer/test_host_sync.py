@@ -31,7 +31,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.trainer.test_overhead_guards import BF16
-from torchfleet_trainer.config import load_config
+from torchfleet_contract.trainer_config import load_config
 from torchfleet_trainer.metrics import TrainMetrics
 from torchfleet_trainer.train import Trainer, build_runtime
 

@@ -20,7 +20,7 @@ from tests.fixtures.trainer import REPO_ROOT
 from tests.trainer import gang, nan_model
 from tests.trainer.cli_process import TrainerProcess, free_port
 from tests.trainer.test_non_finite import CONFIG
-from torchfleet_trainer import contract
+from torchfleet_contract import pod as contract
 from torchfleet_trainer.launcher.outcomes import EXIT_DIVERGED
 
 pytestmark = pytest.mark.trainer

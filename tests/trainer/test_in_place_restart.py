@@ -46,11 +46,11 @@ from tests.trainer.cli_process import (
     worker_pid,
 )
 from tests.trainer.test_shakespeare_metrics import scrape
+from torchfleet_contract import pod as contract
+from torchfleet_contract.pod import ExitCodePolicy
 from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
 from torchfleet_operator.desired.env import exit_code_policy
-from torchfleet_trainer import contract
 from torchfleet_trainer.checkpoint import latest_complete
-from torchfleet_trainer.contract import ExitCodePolicy
 from torchfleet_trainer.launcher import procname
 from torchfleet_trainer.launcher.outcomes import EXIT_COLLECTIVE_FAILED
 

@@ -20,7 +20,7 @@ import pytest
 
 from tests.trainer import gang
 from tests.trainer.cli_process import TrainerProcess, free_port
-from torchfleet_trainer import contract
+from torchfleet_contract import pod as contract
 from torchfleet_trainer.launcher.logtee import keep_logs, log_path
 from torchfleet_trainer.launcher.outcomes import EXIT_COLLECTIVE_FAILED
 

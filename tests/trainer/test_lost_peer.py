@@ -34,7 +34,7 @@ from tests.trainer.test_elastic import (
     learnable_tokens,
     overrides,
 )
-from torchfleet_trainer import contract
+from torchfleet_contract import pod as contract
 
 pytestmark = pytest.mark.trainer
 

@@ -16,9 +16,9 @@ import pytest
 
 from tests.fixtures.trainer import trainer_env
 from tests.trainer.cli_process import free_port
+from torchfleet_contract import pod as contract
 from torchfleet_operator.api.v1alpha1 import TrainingJob
 from torchfleet_operator.desired.pods import build_pod
-from torchfleet_trainer import contract
 
 pytestmark = pytest.mark.trainer
 

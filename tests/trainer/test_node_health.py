@@ -21,7 +21,7 @@ from tests.fixtures.e2e import DEV  # noqa: F401  (puts dev/ on the path for nod
 from tests.trainer import gang
 from tests.trainer.cli_process import TrainerProcess, free_port
 from tests.trainer.test_shakespeare_metrics import scrape
-from torchfleet_trainer import contract
+from torchfleet_contract import pod as contract
 
 from nodeagent import cgroups, podspec  # isort: skip
 

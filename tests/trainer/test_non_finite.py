@@ -16,8 +16,8 @@ import pytest
 from tests.fixtures.trainer import REPO_ROOT
 from tests.trainer import nan_model
 from tests.trainer.cli_process import TrainerProcess
+from torchfleet_contract.trainer_config import load_config
 from torchfleet_trainer.checkpoint import complete_checkpoints
-from torchfleet_trainer.config import load_config
 from torchfleet_trainer.launcher.outcomes import EXIT_DIVERGED
 from torchfleet_trainer.metrics import TrainMetrics
 from torchfleet_trainer.train import Trainer, build_runtime

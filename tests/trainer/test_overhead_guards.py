@@ -33,7 +33,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from tests.trainer.user_models import TINY_LLAMA
-from torchfleet_trainer.config import TrainConfig, load_config
+from torchfleet_contract.trainer_config import TrainConfig, load_config
 from torchfleet_trainer.data import BatchSampler, load_corpus
 from torchfleet_trainer.distributed import parallelize
 from torchfleet_trainer.models import build_model

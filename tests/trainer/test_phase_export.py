@@ -25,9 +25,9 @@ from tests.fixtures.e2e import HOLD_CODE, Hold
 from tests.fixtures.poll import wait_for
 from tests.trainer import gang
 from tests.trainer.cli_process import TrainerProcess, free_port
+from torchfleet_contract import pod as contract
 from torchfleet_operator.status.node_health import health_from_samples
 from torchfleet_operator.status.progress import read_samples
-from torchfleet_trainer import contract
 
 pytestmark = pytest.mark.trainer
 

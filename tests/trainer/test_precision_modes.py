@@ -21,7 +21,7 @@ import torch
 from torch.distributed.fsdp import FSDPModule
 
 from tests.trainer.test_strategies import learnable_tokens
-from torchfleet_trainer.config import load_config
+from torchfleet_contract.trainer_config import load_config
 from torchfleet_trainer.train import RunResult, Trainer, build_runtime
 
 pytestmark = pytest.mark.trainer

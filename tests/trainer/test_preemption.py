@@ -17,7 +17,7 @@ import pytest
 
 from tests.trainer.cli_process import TrainerProcess, free_port
 from tests.trainer.user_models import TINY_LLAMA
-from torchfleet_trainer import contract
+from torchfleet_contract import pod as contract
 from torchfleet_trainer.checkpoint import MARKER, step_dir
 from torchfleet_trainer.launcher.outcomes import EXIT_PREEMPTED_UNSAVED
 

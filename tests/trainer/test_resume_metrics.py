@@ -15,8 +15,8 @@ import pytest
 from prometheus_client import generate_latest
 
 from tests.trainer.user_models import TINY_LLAMA
+from torchfleet_contract.trainer_config import load_config
 from torchfleet_operator.status.progress import progress_from_metrics
-from torchfleet_trainer.config import load_config
 from torchfleet_trainer.metrics import TrainMetrics
 from torchfleet_trainer.train import StepOutcome, Trainer, build_runtime
 

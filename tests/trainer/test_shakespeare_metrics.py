@@ -20,7 +20,7 @@ import pytest
 from tests.fixtures.e2e import HOLD_CODE, Hold
 from tests.fixtures.poll import wait_for
 from tests.trainer.cli_process import TrainerProcess
-from torchfleet_trainer import contract
+from torchfleet_contract import pod as contract
 
 pytestmark = pytest.mark.trainer
 

@@ -36,7 +36,7 @@ from tests.fixtures.poll import wait_for
 from tests.trainer import gang as gangs
 from tests.trainer.cli_process import TrainerProcess, free_port
 from tests.trainer.test_shakespeare_metrics import scrape
-from torchfleet_trainer import contract
+from torchfleet_contract import pod as contract
 from torchfleet_trainer.launcher.outcomes import EXIT_COLLECTIVE_FAILED
 
 pytestmark = pytest.mark.trainer

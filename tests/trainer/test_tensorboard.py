@@ -17,8 +17,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
 from tests.trainer.user_models import TINY_LLAMA
+from torchfleet_contract.trainer_config import load_config
 from torchfleet_trainer import tensorboard as tb
-from torchfleet_trainer.config import load_config
 from torchfleet_trainer.train import RunResult, run_worker
 
 pytestmark = pytest.mark.trainer

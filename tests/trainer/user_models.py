@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from torchfleet_trainer.config import ModelConfig
+from torchfleet_contract.trainer_config import ModelConfig
 
 # A model and data this small build and train in well under a second on CPU.
 SMALL = [

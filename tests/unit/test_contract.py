@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from torchfleet_trainer import contract
-from torchfleet_trainer.contract import ContractError, PodContract
+from torchfleet_contract import pod as contract
+from torchfleet_contract.pod import ContractError, PodContract
 
 
 def make(**overrides: object) -> PodContract:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.test_contract import make
-from torchfleet_trainer import contract
-from torchfleet_trainer.contract import ContractError, RecoverySettings
+from torchfleet_contract import pod as contract
+from torchfleet_contract.pod import ContractError, RecoverySettings
 
 
 def test_defaults_when_the_operator_sets_nothing() -> None:

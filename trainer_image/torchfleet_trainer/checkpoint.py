@@ -41,7 +41,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torch.optim import Optimizer
 
-from torchfleet_trainer.config import CheckpointConfig
+from torchfleet_contract.trainer_config import CheckpointConfig
 
 MARKER = "COMPLETE"
 WRITER_THREADS = 4

@@ -17,7 +17,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from torchfleet_trainer.config import ConfigError, DataConfig
+from torchfleet_contract.trainer_config import ConfigError, DataConfig
 
 Split = Literal["train", "val"]
 

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from torchfleet_trainer import contract
+from torchfleet_contract import pod as contract
 
 TASKS = Path("/proc/self/task")
 

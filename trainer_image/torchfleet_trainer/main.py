@@ -11,8 +11,8 @@ import json
 import sys
 from collections.abc import Sequence
 
-from torchfleet_trainer import contract
-from torchfleet_trainer.config import ConfigError, TrainConfig, load_config
+from torchfleet_contract import pod as contract
+from torchfleet_contract.trainer_config import ConfigError, TrainConfig, load_config
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from torchfleet_trainer.config import PreflightConfig
+from torchfleet_contract.trainer_config import PreflightConfig
 from torchfleet_trainer.health import GangNode, NodeFigure, per_node
 from torchfleet_trainer.metrics import TrainMetrics
 from torchfleet_trainer.runtime import Runtime

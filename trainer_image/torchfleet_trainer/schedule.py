@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from torchfleet_trainer.config import TrainConfig
+from torchfleet_contract.trainer_config import TrainConfig
 
 
 def lr_at(step: int, config: TrainConfig) -> float:

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torchfleet_trainer.config import ResolvedDegrees, TrainConfig
+from torchfleet_contract.trainer_config import ResolvedDegrees, TrainConfig
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from torchfleet_trainer import contract
+from torchfleet_contract import pod as contract
 
 
 def destination(pod: contract.PodContract) -> Path | None:

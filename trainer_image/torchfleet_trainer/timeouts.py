@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
-from torchfleet_trainer.contract import RecoverySettings
+from torchfleet_contract.pod import RecoverySettings
 
 # The tight timeout's multiple of a steady step: a step of the slowest rank
 # that took this many times its usual time is a hang, not a slow step.

@@ -19,9 +19,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from torchfleet_trainer import contract, tensorboard, termination
-from torchfleet_trainer.checkpoint import Checkpointer
-from torchfleet_trainer.config import (
+from torchfleet_contract import pod as contract
+from torchfleet_contract.trainer_config import (
     ResolvedDegrees,
     TrainConfig,
     largest_world,
@@ -30,6 +29,8 @@ from torchfleet_trainer.config import (
     resolve_checkpoint_dir,
     resolve_metrics_port,
 )
+from torchfleet_trainer import tensorboard, termination
+from torchfleet_trainer.checkpoint import Checkpointer
 from torchfleet_trainer.data import (
     BatchSampler,
     DeviceBatches,

@@ -22,6 +22,7 @@ Each rule is CEL over the spec (``self``) plus the same check in Python.
 
 from __future__ import annotations
 
+from torchfleet_contract.trainer_config import ConfigError, TrainingConfig
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.api.base import Rule
 from torchfleet_operator.api.shape import SpecShape
@@ -36,7 +37,6 @@ from torchfleet_operator.api.world import (
     SHARD,
     TRAINING,
 )
-from torchfleet_trainer.config import ConfigError, TrainingConfig
 
 # On an elastic pod no per-pod or per-process rank exists: each rendezvous round
 # numbers the nodes that joined it, so a command cannot name these.

@@ -31,7 +31,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from torchfleet_trainer import contract
+from torchfleet_contract import pod as contract
 
 SCHEMA_FILE = Path(__file__).with_name("podspec_schema.json")
 ROOT = "io.k8s.api.core.v1.PodSpec"

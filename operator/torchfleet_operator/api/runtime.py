@@ -15,6 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from torchfleet_contract.trainer_config import TrainConfig
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.api.base import ApiModel, DnsSubdomain
 from torchfleet_operator.api.v1alpha1 import (
@@ -27,7 +28,6 @@ from torchfleet_operator.api.v1alpha1 import (
     RunPolicy,
     SchedulingSpec,
 )
-from torchfleet_trainer.config import TrainConfig
 
 
 class RoleDefaults(ApiModel):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from torchfleet_trainer.config import TrainConfig
+from torchfleet_contract.trainer_config import TrainConfig
 
 
 class ElasticBounds(Protocol):

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from torchfleet_trainer.config import (
+from torchfleet_contract.trainer_config import (
     BIN_SUFFIX,
     DataConfig,
     ModelConfig,

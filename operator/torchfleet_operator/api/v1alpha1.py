@@ -25,6 +25,7 @@ from pydantic import (
     field_validator,
 )
 
+from torchfleet_contract.trainer_config import TrainConfig
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.api import podspec
 from torchfleet_operator.api.base import (
@@ -42,7 +43,6 @@ from torchfleet_operator.api.base import (
 from torchfleet_operator.api.elastic import elastic_rules
 from torchfleet_operator.api.shape import SpecShape
 from torchfleet_operator.api.world import world_size_rules
-from torchfleet_trainer.config import TrainConfig
 
 # ---- pod templates ----------------------------------------------------------------------
 

@@ -13,10 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from torchfleet_operator.api.base import Rule
-from torchfleet_operator.api.shape import SpecShape
-from torchfleet_operator.api.trainer_rules import or_default
-from torchfleet_trainer.config import (
+from torchfleet_contract.trainer_config import (
     ConfigError,
     DataConfig,
     ParallelConfig,
@@ -24,6 +21,9 @@ from torchfleet_trainer.config import (
     TrainConfig,
     TrainingConfig,
 )
+from torchfleet_operator.api.base import Rule
+from torchfleet_operator.api.shape import SpecShape
+from torchfleet_operator.api.trainer_rules import or_default
 
 # ---- CEL fragments over the spec --------------------------------------------------------
 

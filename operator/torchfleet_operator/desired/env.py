@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from torchfleet_contract import pod as contract
+from torchfleet_contract.pod import ElasticRendezvous, PodContract
 from torchfleet_operator.api.v1alpha1 import NetworkSpec, TrainingJobSpec
 from torchfleet_operator.desired import hostfile, names
-from torchfleet_trainer import contract
-from torchfleet_trainer.contract import ElasticRendezvous, PodContract
 
 
 def elastic_rendezvous(

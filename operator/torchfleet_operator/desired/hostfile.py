@@ -31,9 +31,9 @@ import copy
 import posixpath
 from typing import Any
 
+from torchfleet_contract import pod as contract
 from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
 from torchfleet_operator.desired import names
-from torchfleet_trainer import contract
 
 VOLUME = "hostfile"
 INIT_CONTAINER = "hostfile"

@@ -11,6 +11,7 @@ import copy
 from collections.abc import Sequence
 from typing import Any
 
+from torchfleet_contract import pod as contract
 from torchfleet_operator.api.constants import (
     DEFAULT_TERMINATION_GRACE_SECONDS,
     TRAINER_CONTAINER_NAME,
@@ -20,7 +21,6 @@ from torchfleet_operator.desired import env as pod_env
 from torchfleet_operator.desired import hostfile, labels, names, podgroup, security
 from torchfleet_operator.desired.names import pod_name_for_rank
 from torchfleet_operator.desired.resources import container_resources
-from torchfleet_trainer import contract
 
 SHM_VOLUME = "dshm"
 CHECKPOINT_VOLUME = "checkpoint"

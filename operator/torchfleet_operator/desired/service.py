@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from torchfleet_contract import pod as contract
 from torchfleet_operator.desired import labels, names
-from torchfleet_trainer import contract
 
 
 def headless_service(job: str, namespace: str, uid: str) -> dict[str, Any]:

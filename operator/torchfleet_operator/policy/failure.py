@@ -33,6 +33,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, replace
 from datetime import datetime
 
+from torchfleet_contract import pod as contract
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.api import reasons as r
 from torchfleet_operator.api.v1alpha1 import TrainingJobSpec, TrainingJobStatus
@@ -41,7 +42,6 @@ from torchfleet_operator.observed import ObservedPod
 from torchfleet_operator.planning import ChildRef, Pass, Plan
 from torchfleet_operator.policy import finish, kept_logs, reporting
 from torchfleet_operator.status import restarts
-from torchfleet_trainer import contract
 
 # Exit codes from 128 up mean "killed by signal (code - 128)": 137 = SIGKILL
 # (often the OOM killer), 143 = SIGTERM (preemption, drain). The rule that

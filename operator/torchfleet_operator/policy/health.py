@@ -36,6 +36,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from torchfleet_contract import pod as contract
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.api import reasons as r
 from torchfleet_operator.api.parse import wire
@@ -47,7 +48,6 @@ from torchfleet_operator.policy import reporting
 from torchfleet_operator.policy.failure import Failure
 from torchfleet_operator.status.restarts import count_of, limit_reached
 from torchfleet_operator.status.restarts import gang as gang_generation
-from torchfleet_trainer import contract
 
 # Figures are kept to this many decimals in the status (and compared so).
 DIGITS = 6

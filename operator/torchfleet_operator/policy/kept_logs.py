@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from torchfleet_contract import pod as contract
 from torchfleet_operator.api.v1alpha1 import TrainingJobSpec, trainer_and_sidecars
 from torchfleet_operator.desired.pods import template_for
-from torchfleet_trainer import contract
 
 
 def logs_root(spec: TrainingJobSpec) -> str | None:

@@ -15,9 +15,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from torchfleet_contract import pod as contract
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.observed import GangHealth, NodeFigures
-from torchfleet_trainer import contract
 
 COMPUTE = contract.METRIC_NODE_COMPUTE_SECONDS
 SCORE = contract.METRIC_NODE_STRAGGLER_SCORE

@@ -31,10 +31,10 @@ from annotated_types import Ge, Le
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
+from torchfleet_contract import pod as contract
 from torchfleet_operator.api.v1alpha1 import CheckpointStatus, ProgressStatus
 from torchfleet_operator.observed import FinalReport, GangHealth, parse_time, timestamp
 from torchfleet_operator.status import node_health
-from torchfleet_trainer import contract
 
 STEP = contract.METRIC_STEP
 TOTAL_STEPS = contract.METRIC_TOTAL_STEPS

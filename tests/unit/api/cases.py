@@ -8,8 +8,8 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
+from torchfleet_contract import pod as contract
 from torchfleet_operator.api import API_VERSION, KIND
-from torchfleet_trainer import contract
 
 Manifest = dict[str, Any]
 

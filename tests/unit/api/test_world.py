@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from tests.unit.api.cases import job
+from torchfleet_contract.trainer_config import ConfigError, TrainConfig
 from torchfleet_operator.api import InvalidSpecError, parse_spec, parse_training_job
-from torchfleet_trainer.config import ConfigError, TrainConfig
 
 SPECS = st.fixed_dictionaries(
     {

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from torchfleet_contract.pod import PodContract
+from torchfleet_contract.trainer_config import load_config
 from torchfleet_operator.api.v1alpha1 import TrainingJob
 from torchfleet_operator.desired import podgroup, security, service
 from torchfleet_operator.desired.pods import build_pod
-from torchfleet_trainer.config import load_config
-from torchfleet_trainer.contract import PodContract
 
 from .builders import job, literal_env
 

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
+from torchfleet_contract import pod as contract
 from torchfleet_operator.api.v1alpha1 import ProgressStatus
 from torchfleet_operator.observed import FinalReport, ObservedPod, SavedCheckpoint
 from torchfleet_operator.reconcile import plan
 from torchfleet_operator.status import progress as progress_status
 from torchfleet_operator.status.conditions import find, set_condition
-from torchfleet_trainer import contract
 
 from .builders import CONFIG, at, gang, job, observed, running_status, stamp
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from torchfleet_contract import pod as contract
 from torchfleet_operator.api.v1alpha1 import TrainingJob
 from torchfleet_operator.desired import hostfile
 from torchfleet_operator.desired.pods import build_pod
-from torchfleet_trainer import contract
 
 from .builders import job, literal_env
 

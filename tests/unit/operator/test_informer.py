@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from torchfleet_contract import pod as contract
 from torchfleet_operator.desired.labels import (
     JOB_NAME_LABEL,
     NODE_RANK_LABEL,
@@ -14,7 +15,6 @@ from torchfleet_operator.desired.labels import (
     ROLE_LABEL,
 )
 from torchfleet_operator.informer import PodIndex, parse_event, scopes
-from torchfleet_trainer import contract
 
 
 def pod(

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
+from torchfleet_contract import pod as contract
 from torchfleet_operator.policy import kept_logs
 from torchfleet_operator.reconcile import plan
 from torchfleet_operator.status.conditions import find
-from torchfleet_trainer import contract
 
 from .builders import CONFIG, at, gang, job, observed, pod, running_status, spec_of
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from torchfleet_contract import pod as k
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.desired.pods import build_pod
 from torchfleet_operator.observed import GangHealth, NodeFigures
@@ -14,7 +15,6 @@ from torchfleet_operator.policy import health
 from torchfleet_operator.reconcile import plan
 from torchfleet_operator.status.conditions import find
 from torchfleet_operator.status.node_health import health_from_samples
-from torchfleet_trainer import contract as k
 
 from .builders import (
     CONFIG,

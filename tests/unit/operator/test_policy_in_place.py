@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
+from torchfleet_contract import pod as contract
 from torchfleet_operator.desired.env import contract_env
 from torchfleet_operator.observed import GangHealth
 from torchfleet_operator.reconcile import plan
 from torchfleet_operator.status import goodput as gp
 from torchfleet_operator.status.conditions import find
-from torchfleet_trainer import contract
 
 from .builders import CONFIG, at, gang, job, observed, pod, running_status, spec_of, stamp
 

@@ -14,10 +14,10 @@ import pytest
 from aiohttp import web
 from prometheus_client import REGISTRY
 
+from torchfleet_contract import pod as contract
 from torchfleet_operator.config import OperatorConfig
 from torchfleet_operator.controller import supervise
 from torchfleet_operator.scraper import ProgressPoller
-from torchfleet_trainer import contract
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MAX_BYTES = 64 << 10

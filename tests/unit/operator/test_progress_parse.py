@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 
+from torchfleet_contract import pod as contract
 from torchfleet_operator.api.v1alpha1 import ProgressStatus, TrainingJobStatus
 from torchfleet_operator.status.progress import (
     INT64_MAX,
@@ -20,7 +21,6 @@ from torchfleet_operator.status.progress import (
     schema_bounds,
     without_scraped,
 )
-from torchfleet_trainer import contract
 from torchfleet_trainer.metrics import TrainMetrics
 
 NOW = "2026-01-01T00:00:00Z"

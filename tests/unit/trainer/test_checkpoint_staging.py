@@ -12,8 +12,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
+from torchfleet_contract.trainer_config import CheckpointConfig
 from torchfleet_trainer.checkpoint import Checkpointer, step_dir
-from torchfleet_trainer.config import CheckpointConfig
 
 
 class Gate:

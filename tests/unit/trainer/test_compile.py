@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-from torchfleet_trainer.config import ModelConfig, TrainConfig
+from torchfleet_contract.trainer_config import ModelConfig, TrainConfig
 from torchfleet_trainer.distributed.parallelize import (
     compiles_fullgraph,
     cross_entropy,

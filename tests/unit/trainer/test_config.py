@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from torchfleet_trainer import contract
-from torchfleet_trainer.config import ConfigError, TrainConfig, load_config
+from torchfleet_contract import pod as contract
+from torchfleet_contract.trainer_config import ConfigError, TrainConfig, load_config
 from torchfleet_trainer.main import main
 
 
@@ -36,7 +36,7 @@ def test_schema_describes_every_field_and_forbids_extras() -> None:
 
 def test_config_module_imports_without_torch() -> None:
     code = (
-        "import sys, torchfleet_trainer.config, torchfleet_trainer.main;"
+        "import sys, torchfleet_contract.trainer_config, torchfleet_trainer.main;"
         "print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

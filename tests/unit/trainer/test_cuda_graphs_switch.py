@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.trainer.user_models import TINY_LLAMA
-from torchfleet_trainer.config import ConfigError, TrainConfig, load_config
+from torchfleet_contract.trainer_config import ConfigError, TrainConfig, load_config
 from torchfleet_trainer.train import Trainer, build_runtime
 
 

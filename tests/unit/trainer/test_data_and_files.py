@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from tests.fixtures.trainer import shakespeare_file
-from torchfleet_trainer import contract
+from torchfleet_contract import pod as contract
+from torchfleet_contract.trainer_config import ConfigError, DataConfig, TrainConfig, load_config
 from torchfleet_trainer.checkpoint import MARKER, latest_complete, prune, step_dir
-from torchfleet_trainer.config import ConfigError, DataConfig, TrainConfig, load_config
 from torchfleet_trainer.data import BatchSampler, load_char_corpus, load_corpus
 from torchfleet_trainer.launcher.launch import launch
 from torchfleet_trainer.launcher.outcomes import EXIT_CONFIG

@@ -14,8 +14,8 @@ import os
 
 import pytest
 
-from torchfleet_trainer import contract
-from torchfleet_trainer.config import ConfigError, TrainConfig, load_config, pod_contract
+from torchfleet_contract import pod as contract
+from torchfleet_contract.trainer_config import ConfigError, TrainConfig, load_config, pod_contract
 from torchfleet_trainer.launcher.launch import ELASTIC_RDZV_DEFAULTS, elastic_launch_config, launch
 from torchfleet_trainer.launcher.outcomes import EXIT_CONFIG
 

@@ -1,11 +1,11 @@
 """The trainer's layering, checked over every import of torchfleet_trainer.
 
-Lowest first: the pod contract and the config schema the operator shares
-(contract, config) < model code, free of parallelism (models/) < parallelism
-(distributed/) < the training parts, one concern each (checkpoint, data,
+Lowest first: the package's root < model code, free of parallelism
+(models/) < parallelism (distributed/) < the training parts, one concern each (checkpoint, data,
 metrics, schedule, ...) < the training loop (train) < the launcher (the
 process tree around it: the launcher/ package, and main, the console script
-that starts it). A module imports its own
+that starts it). The pod contract and the config schema the operator shares
+are torchfleet_contract's, below every layer here. A module imports its own
 layer or one below, never one above; and no module imports, however
 indirectly, one that imports it back: there is no known cycle to allow. (The
 launcher and its workers once imported each other; what both need, the exit
@@ -24,7 +24,7 @@ from tests.import_graph import ImportGraph, Layers, layer_of
 ROOT = Path(torchfleet_trainer.__file__).parent
 GRAPH = ImportGraph.of(ROOT)
 LAYERS: Layers = (
-    ("contract", ("", "contract", "config")),
+    ("root", ("",)),
     ("models", ("models",)),
     ("parallelism", ("distributed",)),
     (

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from tests.trainer.user_models import SMALL, MaskedMixer
-from torchfleet_trainer.config import ConfigError, ModelConfig, TrainConfig, load_config
+from torchfleet_contract.trainer_config import ConfigError, ModelConfig, TrainConfig, load_config
 from torchfleet_trainer.distributed.materialize import initialise, materialise
 from torchfleet_trainer.distributed.pipeline import carve_stage, layer_ranges
 from torchfleet_trainer.models import build_model

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tests.trainer.user_models import TINY_LLAMA
-from torchfleet_trainer.config import load_config
+from torchfleet_contract.trainer_config import load_config
 from torchfleet_trainer.metrics import device_peak_tflops, mfu_peak_tflops, no_peak_message
 from torchfleet_trainer.train import Trainer, build_runtime
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from torchfleet_trainer.config import ConfigError, ModelConfig
+from torchfleet_contract.trainer_config import ConfigError, ModelConfig
 from torchfleet_trainer.distributed.pipeline import carve_stage, layer_ranges, stage_ids
 from torchfleet_trainer.models import build_model
 

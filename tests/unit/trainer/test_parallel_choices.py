@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from torchfleet_trainer.config import ResolvedDegrees, TrainConfig
+from torchfleet_contract.trainer_config import ResolvedDegrees, TrainConfig
 from torchfleet_trainer.distributed.parallelize import reshards_after_forward
 
 

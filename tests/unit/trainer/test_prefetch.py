@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import torch
 
-from torchfleet_trainer.config import DataConfig
+from torchfleet_contract.trainer_config import DataConfig
 from torchfleet_trainer.data import (
     Batch,
     BatchSampler,

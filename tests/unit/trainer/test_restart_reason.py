@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from torchfleet_trainer import contract
+from torchfleet_contract import pod as contract
 from torchfleet_trainer.launcher.outcomes import (
     EXIT_COLLECTIVE_FAILED,
     EXIT_PREEMPTED,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from torchfleet_contract.trainer_config import ResolvedDegrees, load_config
 from torchfleet_trainer import tensorboard as tb
-from torchfleet_trainer.config import ResolvedDegrees, load_config
 
 
 def test_dir_defaults_to_the_checkpoint_dir_and_is_none_without_either(tmp_path: Path) -> None:

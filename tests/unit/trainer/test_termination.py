@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from torchfleet_trainer import contract, termination
+from torchfleet_contract import pod as contract
+from torchfleet_trainer import termination
 from torchfleet_trainer.launcher import logtee
 
 FIGURES = {contract.REPORTED_STEP: 5, contract.REPORTED_TIME: "2026-11-28T12:00:00Z"}

@@ -10,7 +10,7 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
 from tests.trainer.user_models import MaskedMixer
-from torchfleet_trainer.config import ModelConfig, TrainConfig
+from torchfleet_contract.trainer_config import ModelConfig, TrainConfig
 from torchfleet_trainer.distributed.parallelize import wrap_blocks
 
 

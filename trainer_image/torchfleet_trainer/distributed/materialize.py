@@ -38,7 +38,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.tensor.experimental import implicit_replication
 from torch.nn.modules.module import register_module_parameter_registration_hook
 
-from torchfleet_trainer.config import ConfigError, ModelConfig
+from torchfleet_contract.trainer_config import ConfigError, ModelConfig
 from torchfleet_trainer.models import build_model
 from torchfleet_trainer.models.common import plain_name
 

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from torchfleet_trainer.config import ResolvedDegrees
+from torchfleet_contract.trainer_config import ResolvedDegrees
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
 

@@ -24,7 +24,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
-from torchfleet_trainer.config import ConfigError, ResolvedDegrees, TrainConfig
+from torchfleet_contract.trainer_config import ConfigError, ResolvedDegrees, TrainConfig
 from torchfleet_trainer.distributed.data_parallel import apply_ddp, apply_fsdp, find_blocks
 from torchfleet_trainer.distributed.parallel_dims import ParallelDims
 from torchfleet_trainer.distributed.tensor_parallel import apply_tensor_parallel

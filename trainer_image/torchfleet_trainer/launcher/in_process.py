@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
-from torchfleet_trainer.config import (
+from torchfleet_contract.trainer_config import (
     TrainConfig,
     pod_contract,
     recovery_settings,

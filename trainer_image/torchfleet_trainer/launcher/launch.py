@@ -51,8 +51,14 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from torchfleet_trainer import termination
-from torchfleet_trainer.config import (
+from torchfleet_contract.pod import (
+    ContractError,
+    ElasticRendezvous,
+    ExitCodePolicy,
+    PodContract,
+    rendezvous_configs,
+)
+from torchfleet_contract.trainer_config import (
     ConfigError,
     TrainConfig,
     largest_world,
@@ -60,13 +66,7 @@ from torchfleet_trainer.config import (
     recovery_settings,
     resolve_checkpoint_dir,
 )
-from torchfleet_trainer.contract import (
-    ContractError,
-    ElasticRendezvous,
-    ExitCodePolicy,
-    PodContract,
-    rendezvous_configs,
-)
+from torchfleet_trainer import termination
 from torchfleet_trainer.launcher import logtee, lost_peer, worker
 from torchfleet_trainer.launcher.in_process import train
 from torchfleet_trainer.launcher.outcomes import (

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import BinaryIO
 
-from torchfleet_trainer import contract
+from torchfleet_contract import pod as contract
 
 _GENERATION = re.compile(r"gen-(\d+)")
 # Seconds a process exiting normally waits for its copier to write what it printed last.

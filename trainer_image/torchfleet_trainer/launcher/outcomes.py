@@ -16,8 +16,8 @@ import signal
 import sys
 from pathlib import Path
 
-from torchfleet_trainer import contract
-from torchfleet_trainer.contract import ExitCodePolicy, in_place_restarts_left
+from torchfleet_contract import pod as contract
+from torchfleet_contract.pod import ExitCodePolicy, in_place_restarts_left
 
 EXIT_CONFIG = 2
 # 128 + SIGTERM, as a shell reports a terminated process: the gang was

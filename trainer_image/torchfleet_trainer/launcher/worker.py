@@ -35,8 +35,8 @@ import sys
 import traceback
 from pathlib import Path
 
-from torchfleet_trainer.config import TrainConfig, pod_contract
-from torchfleet_trainer.contract import in_place_round
+from torchfleet_contract.pod import in_place_round
+from torchfleet_contract.trainer_config import TrainConfig, pod_contract
 from torchfleet_trainer.launcher import in_process, logtee, procname
 from torchfleet_trainer.launcher.outcomes import (
     failed_round_reason,

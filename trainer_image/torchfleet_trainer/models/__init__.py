@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from torch import nn
 
-from torchfleet_trainer.config import ConfigError, ModelConfig
+from torchfleet_contract.trainer_config import ConfigError, ModelConfig
 from torchfleet_trainer.models.common import Decoder
 from torchfleet_trainer.models.gpt import GPT
 from torchfleet_trainer.models.llama import Llama

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from torchfleet_trainer.config import ModelConfig
+from torchfleet_contract.trainer_config import ModelConfig
 from torchfleet_trainer.models.common import Attention, Decoder
 
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torchfleet_trainer.config import ModelConfig
+from torchfleet_contract.trainer_config import ModelConfig
 from torchfleet_trainer.models.common import Attention, Decoder, rope_table
 
 

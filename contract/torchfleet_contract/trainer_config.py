@@ -25,7 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-from torchfleet_trainer import contract
+from torchfleet_contract import pod as contract
 
 # A single token file; any other 'tokens' path is a directory with train.bin and val.bin.
 BIN_SUFFIX = ".bin"

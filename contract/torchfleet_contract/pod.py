@@ -1,7 +1,8 @@
 """The pod contract: the environment the operator sets and the trainer reads.
 
 This one module is shared by both packages (the operator imports it to build
-pod env, the trainer to read it), so the two sides cannot drift apart. It
+pod env, the trainer to read it), so the two sides cannot drift apart; it lives
+in torchfleet_contract, which both import and which imports neither. It
 imports nothing beyond the standard library.
 
 Names follow the tools users already run: torchrun reads its own ``PET_*``
