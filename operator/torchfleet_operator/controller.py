@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from torchfleet_operator import metrics
-from torchfleet_operator.api.constants import RUNTIME_KIND
+from torchfleet_operator.api.constants import PLURAL, RUNTIME_KIND, RUNTIME_PLURAL
 from torchfleet_operator.api.parse import read_status
 from torchfleet_operator.config import OperatorConfig
 from torchfleet_operator.desired.names import checkpoint_claim_name
@@ -151,6 +151,8 @@ class Controller:
         # Uids of jobs the API server says are gone while kopf's index still holds
         # them (_forget_vanished): passed over by snapshot(), forgotten by the loop.
         self._gone: set[str] = set()
+        # The same for TrainingRuntimes of a deleted namespace: never resolved.
+        self._gone_runtimes: set[str] = set()
         self._api_failures: dict[JobKey, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.progress: ProgressPoller[JobKey] = ProgressPoller(
@@ -215,23 +217,36 @@ class Controller:
 
     async def namespace_deleted(self, namespace: str) -> None:
         """A watched namespace is gone (kopf's event, namespaced mode only): its
-        jobs the index still holds are checked against one list of the namespace's
-        jobs, and those not in it forgotten. A list, not the namespace's name alone:
-        it may already have been made again, with new jobs."""
+        jobs and TrainingRuntimes the index still holds are checked against one
+        list of the namespace's, and those not in it forgotten (jobs) or never
+        resolved again (runtimes: a job of the namespace made again must wait for
+        its own runtime, not take the deleted one). A list, not the namespace's
+        name alone: it may already have been made again, with new objects."""
         cached = [
             (key, body["metadata"].get("uid", ""))
             for key in list(self.caches.jobs)
             if key[0] == namespace
             for body in self.caches.jobs.get(key) or ()
         ]
-        if not cached:
-            return
-        listed = await asyncio.to_thread(self.executor.job_uids, namespace)
-        if listed is None:
-            return  # unreadable now: the passes' own refusals will tell
-        for key, uid in cached:
-            if uid and uid not in listed and uid not in self._gone:
-                self._forget_vanished(key, uid)
+        # A list that fails (None) forgets nothing: the passes' own refusals tell
+        # of a gone job, and the next deletion event of a gone runtime.
+        listed = await self._listed(PLURAL, namespace) if cached else None
+        if listed is not None:
+            for key, uid in cached:
+                if uid and uid not in listed and uid not in self._gone:
+                    self._forget_vanished(key, uid)
+        runtimes = [
+            found.uid
+            for key in list(self.caches.runtimes)
+            if key[0] == namespace
+            for found in self.caches.runtimes.get(key) or ()
+        ]
+        listed = await self._listed(RUNTIME_PLURAL, namespace) if runtimes else None
+        if listed is not None:
+            self._gone_runtimes.update(uid for uid in runtimes if uid not in listed)
+
+    async def _listed(self, plural: str, namespace: str) -> set[str] | None:
+        return await asyncio.to_thread(self.executor.uids, plural, namespace)
 
     def start(self) -> None:
         """Workers start at once but pass nothing until this replica leads; kopf's
@@ -279,6 +294,11 @@ class Controller:
                 held.update(b["metadata"].get("uid", "") for b in self.caches.jobs.get(key) or ())
                 self.enqueue(key)
             self._gone &= held  # gone from the index too: nothing left to pass over
+            self._gone_runtimes &= {
+                found.uid
+                for key in list(self.caches.runtimes)
+                for found in self.caches.runtimes[key]
+            }
 
     async def _work(self) -> None:
         await self.leading.wait()
@@ -382,16 +402,19 @@ class Controller:
         return Snapshot(body=body, observed=observed)
 
     def _runtime(self, key: JobKey, body: dict[str, Any]) -> ObservedRuntime | None:
-        """The runtime the job's spec.runtimeRef names, if the watch has it."""
+        """The runtime the job's spec.runtimeRef names, if the watch has it: of
+        two of that name in the index, the newer that is not known gone (as
+        _live_job picks a job)."""
         ref = runtime.reference(body.get("spec"))
         if ref is None:
             return None
         kind, name = ref
         if kind == RUNTIME_KIND:
-            found: ObservedRuntime | None = _first(self.caches.runtimes.get((key[0], name)))
+            held: Iterable[ObservedRuntime] = self.caches.runtimes.get((key[0], name)) or ()
         else:
-            found = _first(self.caches.cluster_runtimes.get(name))
-        return found
+            held = self.caches.cluster_runtimes.get(name) or ()
+        live = [found for found in held if found.uid not in self._gone_runtimes]
+        return max(live, key=lambda found: found.created, default=None)
 
     def _kueue_view(self, key: JobKey, body: dict[str, Any], uid: str) -> KueueView:
         caches = self.caches

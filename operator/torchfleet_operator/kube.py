@@ -439,14 +439,14 @@ class Executor:
             return self._failure("patch", "Workload", patch.name, exc)
         return None
 
-    def job_uids(self, namespace: str) -> set[str] | None:
-        """The uids of the jobs in ``namespace`` now (one list); None when the
-        list fails (logged)."""
-        path = JOB_PATH.format(namespace=namespace, name="").rstrip("/")
+    def uids(self, plural: str, namespace: str) -> set[str] | None:
+        """The uids of this group's ``plural`` (trainingjobs, trainingruntimes)
+        in ``namespace`` now (one list); None when the list fails (logged)."""
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{plural}"
         try:
             listed = self.raw.request("GET", path)
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
-            log.warning("list %s in %s failed: %s", PLURAL, namespace, exc)
+            log.warning("list %s in %s failed: %s", plural, namespace, exc)
             return None
         return {item["metadata"]["uid"] for item in listed.get("items") or ()}
 

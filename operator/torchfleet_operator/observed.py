@@ -58,6 +58,10 @@ class ObservedRuntime:
     name: str
     generation: int | None
     spec: dict[str, Any]
+    # Which object of that name: kopf's index can hold a deleted one beside its
+    # namesake made since (a namespace deleted and made again).
+    uid: str = ""
+    created: str = ""  # creationTimestamp, RFC 3339: sorts as it reads
 
     @classmethod
     def from_manifest(cls, body: dict[str, Any]) -> ObservedRuntime:
@@ -69,6 +73,8 @@ class ObservedRuntime:
             name=str(meta.get("name") or ""),
             generation=generation if isinstance(generation, int) else None,
             spec=copy.deepcopy(spec) if isinstance(spec, dict) else {},
+            uid=str(meta.get("uid") or ""),
+            created=str(meta.get("creationTimestamp") or ""),
         )
 
 

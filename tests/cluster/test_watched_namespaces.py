@@ -12,7 +12,8 @@ found).
 
 Whatever else loses a DELETED event, the API server's refusals say the job is
 gone (a create in its namespace: 404 naming the namespace; its status: 404),
-and the pass that meets them forgets it.
+and the pass that meets them forgets it. A TrainingRuntime of a deleted
+namespace, held the same way, is never resolved again.
 """
 
 from __future__ import annotations
@@ -23,11 +24,14 @@ from typing import Any
 
 import pytest
 
+from tests.cluster.test_runtimes import Runtimes, job_on, runtime_spec
 from tests.fixtures.operator import kwok_job_spec as spec
 from tests.fixtures.poll import wait_for
+from torchfleet_operator.api.constants import RUNTIME_KIND
 from torchfleet_operator.config import OperatorConfig
 from torchfleet_operator.controller import Controller
 from torchfleet_operator.kube import Executor
+from torchfleet_operator.observed import ObservedRuntime
 
 pytestmark = pytest.mark.cluster
 
@@ -139,6 +143,50 @@ def test_a_deleted_namespaces_jobs_are_checked_by_one_list_and_the_gone_forgotte
         assert snapshot is not None and snapshot.body["metadata"]["uid"] == new["metadata"]["uid"]
         controller.caches.jobs = {key: [old]}  # as if the new one were not listed yet
         assert controller.snapshot(key) is None
+    finally:
+        controller.executor.close()
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def test_a_deleted_namespaces_runtime_is_not_resolved_for_a_job_of_the_namespace_made_again(
+    cluster, operator_crd, job_driver
+):
+    """The index still holds the TrainingRuntime of a deleted namespace (kopf's
+    stream stopped without its DELETED event): once the namespace's deletion is
+    heard (Controller.namespace_deleted, one list of its runtimes), a job of the
+    namespace made again waits for a runtime of its own instead of resolving the
+    deleted one, and takes the new runtime of that name once there is one."""
+    namespace = f"rt-again-{uuid.uuid4().hex[:6]}"
+    made = Runtimes(job_driver)
+
+    def made_runtime(image: str) -> ObservedRuntime:
+        made.create(RUNTIME_KIND, "gpu", runtime_spec(image), namespace)
+        body = job_driver.raw.request("GET", Runtimes.path(RUNTIME_KIND, "gpu", namespace))
+        return ObservedRuntime.from_manifest(body)
+
+    _make_namespace(cluster, namespace)
+    old = made_runtime("old:1")
+    cluster.kubectl("delete", "namespace", namespace, "--timeout=120s")
+    _make_namespace(cluster, namespace)
+    job = job_driver.create(namespace, "train", job_on(RUNTIME_KIND, "gpu"))
+    key = (namespace, "train")
+    controller = Controller(OperatorConfig(), Executor(cluster.api_client(), 1), "image:1")
+    controller.caches.jobs = {key: [job]}
+    controller.caches.runtimes = {(namespace, "gpu"): [old]}
+
+    def resolved() -> ObservedRuntime | None:
+        snapshot = controller.snapshot(key)
+        assert snapshot is not None
+        return snapshot.observed.runtime
+
+    try:
+        assert resolved() == old  # what the stale index offers before the event
+        asyncio.run(controller.namespace_deleted(namespace))
+        assert resolved() is None
+        new = made_runtime("new:1")
+        controller.caches.runtimes = {(namespace, "gpu"): [old, new]}
+        assert resolved() == new
+        assert new.spec["image"] == "new:1"
     finally:
         controller.executor.close()
         cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
