@@ -382,6 +382,7 @@ class Controller:
             elif node is not None and not node.ready:
                 not_ready[node_name] = node.since
         expected = self._prune_expectations(key, pods)
+        found_runtime = self._runtime(key, body)
         progress, checkpoint_step = self.progress.latest.get(key, (None, None))
         observed = Observed(
             pods=pods,
@@ -395,9 +396,9 @@ class Controller:
             checkpoint_step=checkpoint_step,
             health=self.progress.health.get(key),
             saved_checkpoint=self.pod_informer.index.saved.get(key),
-            kueue=self._kueue_view(key, body, uid),
+            kueue=self._kueue_view(key, body, uid, found_runtime),
             pod_group=current_pod_group(self.caches.pod_groups.get(key) or (), uid),
-            runtime=self._runtime(key, body),
+            runtime=found_runtime,
         )
         return Snapshot(body=body, observed=observed)
 
@@ -416,7 +417,9 @@ class Controller:
         live = [found for found in held if found.uid not in self._gone_runtimes]
         return max(live, key=lambda found: found.created, default=None)
 
-    def _kueue_view(self, key: JobKey, body: dict[str, Any], uid: str) -> KueueView:
+    def _kueue_view(
+        self, key: JobKey, body: dict[str, Any], uid: str, found: ObservedRuntime | None
+    ) -> KueueView:
         caches = self.caches
         workload = next(
             (
@@ -426,7 +429,9 @@ class Controller:
             ),
             None,
         )
-        priority_class = ((body.get("spec") or {}).get("scheduling") or {}).get("priorityClassName")
+        # The class a runtime gives counts as the job's own (as its queue does).
+        scheduling = runtime.merged_spec(body, found).get("scheduling") or {}
+        priority_class = scheduling.get("priorityClassName")
         priority = _first(caches.priorities.get(priority_class)) if priority_class else None
         workload_class = workload_priority_class((body.get("metadata") or {}).get("labels"))
         workload_priority = (

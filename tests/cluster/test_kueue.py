@@ -1,7 +1,8 @@
 """The operator as TrainingJob's Kueue integration, against a real Kueue (v0.17.0,
 or v0.10.6 in make test-kueue-oldest; dev/cluster/kueue.py) and KWOK's fake
 8-GPU nodes: quota, flavors, preemption, a queue that does not exist, a
-WorkloadPriorityClass, suspend, a job changed while it waits.
+WorkloadPriorityClass, a runtime's queue and priority, suspend, a job changed
+while it waits.
 
 Each test has its own namespace, LocalQueue and (cluster-scoped, uniquely
 named) ClusterQueue, ResourceFlavors and PriorityClasses.
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.cluster.test_runtimes import Runtimes, job_on, runtime_spec
 from tests.fixtures.kueue import (
     create_labelled,
     job_condition,
@@ -22,6 +24,7 @@ from tests.fixtures.kueue import (
     workloads,
 )
 from tests.fixtures.operator import kwok_job_spec
+from torchfleet_operator.api.constants import CLUSTER_RUNTIME_KIND
 from torchfleet_operator.status.conditions import is_true
 
 pytestmark = pytest.mark.cluster
@@ -292,6 +295,40 @@ def test_a_workload_priority_class_orders_two_queued_jobs(
     job_driver.wait_phase(namespace, "high", "Running")
     assert job_driver.pods(namespace, "low") == []
     assert job_condition(job_driver, namespace, "low", "QuotaReserved")["status"] == "False"
+
+
+def test_a_runtimes_priority_class_and_queue_reach_the_workload(
+    kueue, shared_operator, job_driver, kueue_objects, namespace
+):
+    """A platform team's runtime sets the queue and the PriorityClass; a job
+    naming it sets neither, and its Workload has both, as if the job had."""
+    high = kueue_objects.priority_class("high", 1000)
+    flavor = kueue_objects.flavor("default")
+    cq = kueue_objects.cluster_queue("runtime", [(flavor, {GPU: 8})])
+    queue = kueue_objects.local_queue(namespace, "team-a", cq)
+    made = Runtimes(job_driver)
+    name = f"queued-{namespace}"
+    made.create(
+        CLUSTER_RUNTIME_KIND,
+        name,
+        {
+            **runtime_spec("busybox:1"),
+            "resources": {"gpus": 8},
+            "scheduling": {"queueName": queue, "priorityClassName": high},
+        },
+    )
+    try:
+        job_driver.create(
+            namespace, "ranked", job_on(CLUSTER_RUNTIME_KIND, name, worker={"replicas": 0})
+        )
+        workload = job_driver.wait_for(
+            "the job's Workload", lambda: job_workload(job_driver, namespace, "ranked")
+        )
+        assert workload["spec"]["queueName"] == queue
+        assert workload["spec"]["priority"] == 1000, workload["spec"]
+        job_driver.wait_running_pods(namespace, "ranked", 1, timeout=90)
+    finally:
+        made.delete(CLUSTER_RUNTIME_KIND, name)
 
 
 def test_a_suspended_job_is_inactive_and_suspended_when_admitted_hands_its_quota_back(

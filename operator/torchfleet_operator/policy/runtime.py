@@ -25,6 +25,7 @@ from torchfleet_operator.api import constants as c
 from torchfleet_operator.api import reasons as r
 from torchfleet_operator.api.runtime_merge import merge_spec, runtime_source, source, spec_hash
 from torchfleet_operator.api.v1alpha1 import ResolvedRuntime
+from torchfleet_operator.observed import ObservedRuntime
 from torchfleet_operator.planning import Pass, Plan
 
 
@@ -79,6 +80,26 @@ def resolve(step: Pass, body: dict[str, Any]) -> Resolved | Plan:
     label = runtime_source(kind, name)
     merged = {**body, "spec": merge_spec(spec, runtime_spec)}
     return Resolved(merged, lambda path: source(path, spec, runtime_spec, label))
+
+
+def merged_spec(body: dict[str, Any], found: ObservedRuntime | None) -> dict[str, Any]:
+    """The job's spec as this pass will plan it, read before the pass: merged
+    over the recorded runtime, else over the one the watch has (the pass
+    records it), else the job's own (no runtime, or waiting for it). For what
+    the shell looks up by a name the spec holds (the PriorityClass of Kueue's
+    Workload), so that a runtime's value counts as the job's own."""
+    spec = body.get("spec")
+    if not isinstance(spec, dict):
+        return {}
+    ref = reference(spec)
+    if ref is None:
+        return spec
+    recorded = (body.get("status") or {}).get("runtime")
+    if isinstance(recorded, dict) and (recorded.get("kind"), recorded.get("name")) == ref:
+        return merge_spec(spec, recorded.get("spec") or {})
+    if found is not None and (found.kind, found.name) == ref:
+        return merge_spec(spec, found.spec)
+    return spec
 
 
 def _wait(step: Pass, kind: str, name: str) -> Plan:

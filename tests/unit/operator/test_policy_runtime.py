@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.api import reasons as r
 from torchfleet_operator.api.runtime_merge import spec_hash
 from torchfleet_operator.observed import Observed, ObservedRuntime
 from torchfleet_operator.planning import Plan
-from torchfleet_operator.policy.runtime import reference
+from torchfleet_operator.policy.runtime import merged_spec, reference
 from torchfleet_operator.reconcile import plan
 from torchfleet_operator.status import conditions
 
@@ -161,3 +163,36 @@ def test_a_job_without_a_runtime_ref_ignores_any_runtime() -> None:
     assert "runtime" not in decided.status
     assert conditions.find(decided.status["conditions"], r.CONDITION_RUNTIME_RESOLVED) is None
     assert all(c["image"] != RUNTIME_SPEC["image"] for c in _containers(decided))
+
+
+@pytest.mark.parametrize(
+    ("case", "recorded", "found", "expected_class"),
+    [
+        ("no runtime named", None, None, "job-class"),
+        (
+            "recorded: the record, not the runtime now",
+            "recorded-class",
+            "edited-class",
+            "recorded-class",
+        ),
+        ("not recorded yet: the runtime the watch has", None, "found-class", "found-class"),
+        ("waiting for its runtime: the job's own", None, None, None),
+    ],
+)
+def test_merged_spec_is_the_spec_the_pass_plans(
+    case: str, recorded: str | None, found: str | None, expected_class: str | None
+) -> None:
+    def runtime_with(priority_class: str) -> dict[str, Any]:
+        return {**RUNTIME_SPEC, "scheduling": {"priorityClassName": priority_class}}
+
+    if case == "no runtime named":
+        body = job(workers=1, scheduling={"priorityClassName": "job-class"})
+    else:
+        body = _job()
+    if recorded is not None:
+        body["status"] = {"runtime": {**REF, "generation": 1, "spec": runtime_with(recorded)}}
+    watched = _runtime(runtime_with(found)) if found is not None else None
+    merged = merged_spec(body, watched)
+    assert (merged.get("scheduling") or {}).get("priorityClassName") == expected_class, case
+    if found is not None:  # the job's own fields still win
+        assert merged["command"] == ["torchrun", "train.py"]
