@@ -20,7 +20,6 @@ import shutil
 import signal
 import subprocess
 import threading
-import time
 import urllib.parse
 import urllib.request
 import uuid
@@ -43,7 +42,7 @@ from tests.fixtures.e2e import (
     on_session_nodes,
 )
 from tests.fixtures.operator import free_port
-from tests.fixtures.poll import wait_for
+from tests.fixtures.poll import poll, wait_for
 from torchfleet_operator.api import GROUP, PLURAL, VERSION
 from torchfleet_trainer.launcher import procname
 
@@ -531,16 +530,18 @@ def tensorboard(
         )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        series: list[list[float]] = []
-        while not series or series[-1][1] < TOTAL_STEPS:
+
+        def served_whole_run() -> bool:
             assert process.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, f"TensorBoard never served step {TOTAL_STEPS}"
-            time.sleep(0.5)
             try:
                 series = loss_series(base)
             except OSError:
-                continue  # not listening yet, or the run not loaded (400)
+                return False  # not listening yet, or the run not loaded (400)
+            return bool(series) and series[-1][1] >= TOTAL_STEPS
+
+        wait_for(
+            f"TensorBoard to serve step {TOTAL_STEPS}", served_whole_run, timeout=120, interval=0.5
+        )
         yield base
     finally:
         process.terminate()
@@ -614,13 +615,14 @@ def test_chromium_renders_the_loss_chart_and_keeps_a_screenshot(
     # its line, when the virtual time ran out (no card on about a third of the
     # loads here; one point of 30 once, in a run beside the demo).
     expected = TOTAL_STEPS // LOG_INTERVAL
-    deadline = time.monotonic() + 180
-    while True:
+
+    def drawn_whole() -> bool:
         dom = headless_chromium(page, profile, "--dump-dom", f"--screenshot={screenshot}").stdout
         dom_file.write_text(dom)
-        if loss_chart_points(dom) == expected or time.monotonic() > deadline:
-            break
-    assert loss_chart_points(dom) == expected, f"see {dom_file}"
+        return loss_chart_points(dom) == expected
+
+    poll(drawn_whole, timeout=180, interval=0)  # each load takes its own time
+    assert loss_chart_points(dom_file.read_text()) == expected, f"see {dom_file}"
     assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
