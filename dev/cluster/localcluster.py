@@ -209,12 +209,17 @@ class LocalCluster:
 
     def _start(self, name: str, args: list[str], program: str | None = None) -> None:
         logfile = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
+        # The cluster's own TMPDIR: it outlives the test session or command that
+        # started it, whose TMPDIR may be gone by then (tests/conftest.py).
+        tmp = self.root / "tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
         proc = subprocess.Popen(
             [program or str(self.bin / name), *args],
             stdout=logfile,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             cwd=self.root,
+            env={**os.environ, "TMPDIR": str(tmp)},
             start_new_session=True,  # outlives `make cluster-up`; stopped by `down`
         )
         logfile.close()

@@ -150,7 +150,15 @@ class PodRunner:
             elif source.kind == "dir":
                 assert source.path is not None
                 Path(source.path).mkdir(parents=True, exist_ok=True)
-        base_env = {**self.node.base_env, "HOSTNAME": self.sandbox.hostname if self.sandbox else ""}
+        # A container's own /tmp, as an image's writable layer gives it: what a
+        # killed process leaves there (torchelastic's folders) goes with the pod.
+        tmp = self.pod_dir / "volumes" / "tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        base_env = {
+            **self.node.base_env,
+            "HOSTNAME": self.sandbox.hostname if self.sandbox else "",
+            "TMPDIR": str(tmp),
+        }
         runs = []
         for container in containers:
             env = podspec.container_env(
