@@ -8,8 +8,10 @@ the client's (client.py), the words shown are progress.py's.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
+import os
 import sys
 import threading
 import time
@@ -98,18 +100,47 @@ def cli() -> None:
 
 
 def main() -> None:
-    """The console scripts' entry: the API server's refusals read as kubectl's."""
+    """The console scripts' entry: the API server's refusals read as kubectl's.
+
+    Once the command has done its work the process ends at once: its output
+    flushed and the exit handlers run (the Kubernetes client's removes the CA
+    files it wrote), but not the interpreter's teardown. A thread following a
+    pod's log may still be blocked reading from the API server then, and a
+    daemon thread woken during the teardown can abort the process (SIGABRT,
+    exit -6 instead of 130, seen after Ctrl-C under load) after everything the
+    command had to do, `run --rm`'s delete included, was done."""
+    code = _run()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()
+    os._exit(code)
+
+
+def _run() -> int:
     from kubernetes.client.exceptions import ApiException
     from kubernetes.config import ConfigException
 
     try:
         cli(prog_name="torchfleet")
+    except SystemExit as exit_:
+        return _exit_code(exit_.code)
     except ApiException as error:
         click.echo(f"Error from server ({error.reason}): {_server_message(error)}", err=True)
-        sys.exit(1)
+        return 1
     except ConfigException as error:
         click.echo(f"error: no cluster to talk to: {error}", err=True)
-        sys.exit(1)
+        return 1
+    return 0
+
+
+def _exit_code(code: object) -> int:
+    """sys.exit's argument as the process's status (a message: printed, 1)."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    click.echo(code, err=True)
+    return 1
 
 
 def _server_message(error: Any) -> str:
