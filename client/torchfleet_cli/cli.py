@@ -158,7 +158,16 @@ def _server_message(error: Any) -> str:
     "--procs-per-node", type=ProcsPerNode(), default="1", help="Processes per pod, or 'gpu'."
 )
 @click.option("--gpus", type=click.IntRange(min=0), default=0, help="GPUs per pod.")
-@click.option("--image", default=manifest.DEFAULT_IMAGE, help="Container image with torch.")
+@click.option(
+    "--runtime",
+    metavar="[KIND/]NAME",
+    help="The runtime the job takes its image, pod templates and scheduling from: a "
+    "ClusterTrainingRuntime, or TrainingRuntime/NAME for the namespace's own.",
+)
+@click.option(
+    "--image",
+    help=f"Container image with torch [default: the runtime's, else {manifest.DEFAULT_IMAGE}].",
+)
 @click.option("--name", help="Job name (default: the script's name and a random suffix).")
 @click.option("--entry", help="A folder's script to run (default: train.py).")
 @click.option(
@@ -186,7 +195,8 @@ def run(
     nodes: int,
     procs_per_node: int | str,
     gpus: int,
-    image: str,
+    runtime: str | None,
+    image: str | None,
     name: str | None,
     entry: str | None,
     node_selector: tuple[str, ...],
@@ -215,6 +225,7 @@ def run(
             gpus=gpus,
             node_selector=selector,
             tolerations=tolerations,
+            runtime=runtime,
         )
     except (PackingError, InvalidSpecError, ValueError) as error:
         raise click.UsageError(str(error)) from None

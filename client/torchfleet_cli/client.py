@@ -122,7 +122,7 @@ class Client:
         nodes: int = 1,
         procs_per_node: int | str = 1,
         args: list[str] | tuple[str, ...] = (),
-        image: str = manifest.DEFAULT_IMAGE,
+        image: str | None = None,
         *,
         name: str | None = None,
         entry: str | None = None,
@@ -130,10 +130,13 @@ class Client:
         node_selector: dict[str, str] | None = None,
         tolerations: list[dict[str, str]] | None = None,
         namespace: str | None = None,
+        runtime: str | None = None,
     ) -> Job:
         """Packs the script (or a small folder, running ``entry``) into a
         ConfigMap, creates a TrainingJob that runs it with torchrun on
-        ``nodes`` pods, and makes the job the ConfigMap's owner."""
+        ``nodes`` pods, and makes the job the ConfigMap's owner. ``runtime``
+        (``NAME`` or ``KIND/NAME``) names the runtime the job takes the rest
+        from (image, pod templates, scheduling: :func:`manifest.training_job`)."""
         namespace = namespace or self.namespace
         package = pack(script_or_folder, entry)
         name = name or manifest.job_name(Path(script_or_folder).name)
@@ -147,6 +150,7 @@ class Client:
             gpus=gpus,
             node_selector=node_selector,
             tolerations=tolerations,
+            runtime=manifest.runtime_ref(runtime) if runtime else None,
         )
         configmap = manifest.code_configmap(name, package)
         # The code first, so that no pod ever waits for its volume; the owner

@@ -15,7 +15,12 @@ from typing import Any
 
 from torchfleet_cli.packing import MOUNT_PATH, Package
 from torchfleet_operator.api import API_VERSION, KIND, parse_training_job
-from torchfleet_operator.api.constants import MAX_JOB_NAME_LENGTH, TRAINER_CONTAINER_NAME
+from torchfleet_operator.api.constants import (
+    CLUSTER_RUNTIME_KIND,
+    MAX_JOB_NAME_LENGTH,
+    RUNTIME_KIND,
+    TRAINER_CONTAINER_NAME,
+)
 from torchfleet_operator.desired.labels import JOB_NAME_LABEL
 
 # The examples' image for a script of the user's own (examples/byo-torchrun.yaml).
@@ -70,6 +75,20 @@ def _template(
     }
 
 
+def runtime_ref(text: str) -> dict[str, str]:
+    """``--runtime``'s value as spec.runtimeRef: ``NAME`` (a
+    ClusterTrainingRuntime, the platform team's), or ``KIND/NAME`` as kubectl
+    names an object (``trainingruntime/NAME`` for the namespace's own)."""
+    kind, slash, name = text.rpartition("/")
+    kinds = {k.lower(): k for k in (RUNTIME_KIND, CLUSTER_RUNTIME_KIND)}
+    if not name or (slash and kind.lower() not in kinds):
+        raise ValueError(
+            f"runtime {text!r}: want NAME (a {CLUSTER_RUNTIME_KIND}) or "
+            f"{RUNTIME_KIND}/NAME or {CLUSTER_RUNTIME_KIND}/NAME"
+        )
+    return {"kind": kinds[kind.lower()] if slash else CLUSTER_RUNTIME_KIND, "name": name}
+
+
 def training_job(
     name: str,
     package: Package,
@@ -77,19 +96,26 @@ def training_job(
     nodes: int = 1,
     procs_per_node: int | str = 1,
     args: list[str] | tuple[str, ...] = (),
-    image: str = DEFAULT_IMAGE,
+    image: str | None = None,
     gpus: int = 0,
     node_selector: dict[str, str] | None = None,
     tolerations: list[dict[str, str]] | None = None,
+    runtime: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The TrainingJob running ``torchrun <entry> <args>`` on ``nodes`` pods
     (placed by ``node_selector`` and ``tolerations``, in both roles); raises
-    :class:`torchfleet_operator.api.InvalidSpecError` naming a bad field."""
+    :class:`torchfleet_operator.api.InvalidSpecError` naming a bad field.
+
+    On a ``runtime`` (spec.runtimeRef) the job gives only what differs: the
+    code, the size, the arguments; the image is the runtime's unless one is
+    given. Without one the image defaults to :data:`DEFAULT_IMAGE`."""
     if nodes < 1:
         raise ValueError(f"nodes must be at least 1, not {nodes}")
     template = _template(package, code_configmap_name(name), node_selector, tolerations)
-    spec: dict[str, Any] = {
-        "image": image,
+    spec: dict[str, Any] = {"runtimeRef": dict(runtime)} if runtime else {}
+    if image or not runtime:
+        spec["image"] = image or DEFAULT_IMAGE
+    spec |= {
         "processesPerNode": procs_per_node,
         "command": ["torchrun", package.entry_path],
         "master": {"template": template},

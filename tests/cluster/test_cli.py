@@ -2,7 +2,8 @@
 user runs it (the installed console script, a subprocess): ``run --detach``
 packs the script into a ConfigMap the job owns and creates the job, the
 operator makes its pods; ``ls -o json`` lists it; ``describe`` shows its
-phase; ``delete`` removes the job and the garbage collector its code."""
+phase; ``delete`` removes the job and the garbage collector its code; ``run
+--runtime`` gives only the code and the size, the runtime the rest."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from typing import Any
 
 import pytest
 
+from tests.cluster.test_runtimes import Runtimes, runtime_spec
 from tests.fixtures.poll import wait_for
+from torchfleet_operator.api.constants import CLUSTER_RUNTIME_KIND
 
 pytestmark = pytest.mark.cluster
 
@@ -105,6 +108,37 @@ def test_run_ls_describe_delete(
         lambda: job_driver.get_core(namespace, "configmaps", "cli-code") is None,
         timeout=90,
     )
+
+
+def test_run_on_a_runtime_gives_only_the_code_and_the_size(
+    cluster: Any, shared_operator: Any, job_driver: Any, namespace: str, script: Path
+) -> None:
+    """A platform team's ClusterTrainingRuntime holds the image, the placement
+    and the env; `torchfleet run --runtime` gives the code and the size, and
+    the gang runs the merged spec to the end."""
+    runtimes = Runtimes(job_driver)
+    name = f"cli-{namespace}"[:63]
+    runtimes.create(CLUSTER_RUNTIME_KIND, name, runtime_spec("registry.example/team:7"))
+    try:
+        command = start(
+            cluster, namespace, "run", str(script), "--name", "rt", "--nodes", "2",
+            "--runtime", name, "--no-logs",
+        )  # fmt: skip
+        pods = job_driver.wait_running_pods(namespace, "rt", 2)
+        job = job_driver.get(namespace, "rt")
+        assert job["spec"]["runtimeRef"] == {"kind": CLUSTER_RUNTIME_KIND, "name": name}
+        assert "image" not in job["spec"]  # the runtime's, not the command's default
+        for pod in pods:
+            trainer = next(c for c in pod["spec"]["containers"] if c["name"] == "trainer")
+            assert trainer["image"] == "registry.example/team:7"
+            assert {"name": "FROM_RUNTIME", "value": "yes"} in trainer["env"]
+            assert trainer["workingDir"] == "/workspace"  # the command's code, merged in
+        master = next(p for p in pods if p["metadata"]["name"] == "rt-master-0")
+        job_driver.succeed_pod(namespace, master["metadata"]["name"])
+        code, printed = ended(command)
+        assert code == 0, printed
+    finally:
+        runtimes.delete(CLUSTER_RUNTIME_KIND, name)
 
 
 def start(cluster: Any, namespace: str, verb: str, *args: str) -> subprocess.Popen[str]:

@@ -50,7 +50,9 @@ def test_run_takes_the_sizes_and_passes_what_follows_dashes_to_the_script(script
     assert params["nodes"] == 4 and params["procs_per_node"] == "gpu" and params["gpus"] == 8
     assert params["args"] == ("--lr", "0.1", "-v")
     assert (params["namespace"], params["context"]) == ("team", "prod")
-    assert params["image"] == DEFAULT_IMAGE and params["detach"] is False
+    assert (
+        params["image"] is None and params["detach"] is False
+    )  # the runtime's, else DEFAULT_IMAGE
 
 
 def test_run_defaults_to_one_node_and_one_process(script: Path) -> None:
@@ -210,3 +212,42 @@ def test_rm_with_detach_is_refused_before_the_cluster_is_asked(
     assert result.exit_code == 2, result.output
     assert "--rm deletes the job when the command ends: not with --detach" in result.output
     assert parsed(command.run, str(script))["remove"] is False
+
+
+@pytest.mark.parametrize(
+    ("value", "ref"),
+    [
+        ("gpu", {"kind": "ClusterTrainingRuntime", "name": "gpu"}),
+        ("ClusterTrainingRuntime/gpu", {"kind": "ClusterTrainingRuntime", "name": "gpu"}),
+        ("trainingruntime/team-gpu", {"kind": "TrainingRuntime", "name": "team-gpu"}),
+        ("TrainingRuntime/team-gpu", {"kind": "TrainingRuntime", "name": "team-gpu"}),
+    ],
+)
+def test_a_runtime_gives_the_image_unless_one_is_given(
+    script: Path, value: str, ref: dict[str, str]
+) -> None:
+    from torchfleet_cli.manifest import runtime_ref, training_job
+    from torchfleet_cli.packing import pack
+
+    assert parsed(command.run, str(script), "--runtime", value)["runtime"] == value
+    on_runtime = training_job("rt", pack(script), nodes=2, runtime=runtime_ref(value))
+    assert on_runtime["spec"]["runtimeRef"] == ref
+    assert "image" not in on_runtime["spec"]  # the runtime's
+    assert on_runtime["spec"]["worker"]["replicas"] == 1
+    own = training_job("rt", pack(script), image="mine:1", runtime=runtime_ref(value))
+    assert own["spec"]["image"] == "mine:1"
+    plain = training_job("plain", pack(script))
+    assert plain["spec"]["image"] == DEFAULT_IMAGE and "runtimeRef" not in plain["spec"]
+
+
+@pytest.mark.parametrize("value", ["Job/gpu", "trainingruntime/", "/gpu"])
+def test_a_runtime_of_another_form_is_refused_naming_the_forms(
+    tmp_path: Path, script: Path, value: str
+) -> None:
+    (tmp_path / "kubeconfig").write_text(NOWHERE)
+    result = CliRunner().invoke(
+        command.cli,
+        ["run", str(script), "--runtime", value, "--kubeconfig", str(tmp_path / "kubeconfig")],
+    )
+    assert result.exit_code == 2, result.output
+    assert f"runtime {value!r}: want NAME (a ClusterTrainingRuntime)" in result.output
