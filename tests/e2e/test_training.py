@@ -524,9 +524,12 @@ def tensorboard(
     logdir = shakespeare.claim_dir / "tensorboard"
     port = free_port()
     log_path = tmp_path_factory.mktemp("tensorboard") / "tensorboard.log"
+    # Its own TMPDIR: TensorBoard notes itself in <TMPDIR>/.tensorboard-info,
+    # which a stopped TensorBoard leaves (a module's fixture has the session's).
+    env = {**os.environ, "TMPDIR": str(log_path.parent)}
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            demo.tensorboard_argv(logdir, port), stdout=log, stderr=subprocess.STDOUT
+            demo.tensorboard_argv(logdir, port), stdout=log, stderr=subprocess.STDOUT, env=env
         )
     base = f"http://127.0.0.1:{port}"
     try:
