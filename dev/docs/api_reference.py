@@ -5,7 +5,9 @@ mkdocs-gen-files runs this file on every `make docs` and writes
 ``reference/api.md`` into the site (never into the repository), so the page
 cannot drift from the models. Every object the TrainingJob reaches, spec and
 status, gets a table of its fields: JSON name, type (with its bounds), default
-and description, followed by the cross-field rules the API server checks.
+and description, followed by the cross-field rules the API server checks; then
+the two runtime kinds (api/runtime.py), with the objects of theirs the
+TrainingJob does not hold (the rest are the job's own, shown once).
 
 It also places ``benchmarks/RESULTS.md`` in the site as ``benchmarks.md``, so
 the pages can link to the measurements without a copy of them.
@@ -17,14 +19,17 @@ import json
 from pathlib import Path
 from typing import Any
 
+from torchfleet_operator.api.runtime import ClusterTrainingRuntime, TrainingRuntime
 from torchfleet_operator.api.v1alpha1 import TrainingJob
 
 REPO = Path(__file__).resolve().parents[2]
 API_PAGE = "reference/api.md"
 BENCHMARKS_PAGE = "benchmarks.md"
 MODELS_FILE = "operator/torchfleet_operator/api/v1alpha1.py"
-# Kubernetes' own metadata: only the fields the models describe are shown.
-OBJECT_META = "ObjectMeta"
+RUNTIME_MODELS_FILE = "operator/torchfleet_operator/api/runtime.py"
+# Kubernetes' own metadata (a job's, a runtime's): only the fields the models
+# describe are shown.
+METADATA = ("ObjectMeta", "RuntimeMeta")
 # spec.trainer is applied by the trainer image, not stored by the API server
 # (crdgen moves its defaults into the descriptions).
 TRAINER_CONFIG = "TrainConfig"
@@ -163,12 +168,12 @@ def _children(node: dict[str, Any]) -> list[str]:
     return found
 
 
-def reachable(schema: dict[str, Any]) -> list[tuple[str, list[str]]]:
-    """Every object the TrainingJob holds, depth first in field order (so spec's
-    objects come before status's, each next to its parent), with every path
-    where it appears."""
+def reachable(schema: dict[str, Any], root: str = "TrainingJob") -> list[tuple[str, list[str]]]:
+    """Every object the kind ``root`` holds, depth first in field order (so
+    spec's objects come before status's, each next to its parent), with every
+    path where it appears."""
     order: list[str] = []
-    paths: dict[str, list[str]] = {"TrainingJob": []}
+    paths: dict[str, list[str]] = {root: []}
 
     def visit(name: str, model: dict[str, Any], path: str, inside: tuple[str, ...]) -> None:
         if name not in order:
@@ -180,7 +185,7 @@ def reachable(schema: dict[str, Any]) -> list[tuple[str, list[str]]]:
                 if child not in inside:  # a model that holds itself: its paths once
                     visit(child, schema["$defs"][child], child_path, (*inside, child))
 
-    visit("TrainingJob", schema, "", ("TrainingJob",))
+    visit(root, schema, "", (root,))
     return [(name, paths[name]) for name in order]
 
 
@@ -221,9 +226,9 @@ def _section(name: str, paths: list[str], model: dict[str, Any], defs: dict[str,
             "in the field's description).",
             "",
         ]
-    if name == OBJECT_META:
+    if name in METADATA:
         lines += ["Kubernetes' standard metadata; the field the CRD constrains:", ""]
-    rows = _field_rows(model, defs, only_described=name == OBJECT_META)
+    rows = _field_rows(model, defs, only_described=name in METADATA)
     if rows:
         lines += ["| field | type | default | description |", "|---|---|---|---|", *rows, ""]
     rules = _rules(model)
@@ -236,20 +241,26 @@ def _section(name: str, paths: list[str], model: dict[str, Any], defs: dict[str,
 
 def render() -> str:
     """The API reference page, from the models."""
-    schema = TrainingJob.model_json_schema(by_alias=True, mode="validation")
-    defs = schema["$defs"]
     lines = [
-        "# API reference: TrainingJob `torchfleet.dev/v1alpha1`",
+        "# API reference: `torchfleet.dev/v1alpha1`",
         "",
-        f"Generated at build time from the pydantic models in `{MODELS_FILE}`, "
-        "which are also the only source of the CRD (`make crds`). `kubectl explain "
-        "trainingjob.spec` shows the same descriptions. Types are the JSON ones; "
-        "*unset* means the field is absent unless you set it.",
+        f"Generated at build time from the pydantic models in `{MODELS_FILE}` and "
+        f"`{RUNTIME_MODELS_FILE}`, which are also the only source of the CRDs "
+        "(`make crds`). `kubectl explain trainingjob.spec` shows the same "
+        "descriptions. Types are the JSON ones; *unset* means the field is absent "
+        "unless you set it. The TrainingJob first, then TrainingRuntime and "
+        "ClusterTrainingRuntime, which reuse the job's objects.",
         "",
     ]
-    for name, paths in reachable(schema):
-        model = schema if name == "TrainingJob" else defs[name]
-        lines += _section(name, paths, model, defs)
+    shown: set[str] = set()
+    for kind in (TrainingJob, TrainingRuntime, ClusterTrainingRuntime):
+        schema = kind.model_json_schema(by_alias=True, mode="validation")
+        defs = schema.get("$defs", {})
+        for name, paths in reachable(schema, kind.__name__):
+            if name not in shown:
+                shown.add(name)
+                model = schema if name == kind.__name__ else defs[name]
+                lines += _section(name, paths, model, defs)
     return "\n".join(lines)
 
 

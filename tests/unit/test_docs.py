@@ -22,6 +22,7 @@ from types import ModuleType
 import yaml
 from pydantic import BaseModel
 
+from torchfleet_operator.api.runtime import ClusterTrainingRuntime, TrainingRuntime
 from torchfleet_operator.api.v1alpha1 import TrainingJob
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,7 +62,7 @@ def _models_in(annotation: object) -> Iterator[type[BaseModel]]:
 
 def _every_model() -> list[type[BaseModel]]:
     found: list[type[BaseModel]] = []
-    todo: list[type[BaseModel]] = [TrainingJob]
+    todo: list[type[BaseModel]] = [TrainingJob, TrainingRuntime, ClusterTrainingRuntime]
     while todo:
         model = todo.pop()
         if model in found:
@@ -94,7 +95,7 @@ def test_api_reference_shows_every_field_with_its_description() -> None:
         for name, field in model.model_fields.items():
             held = list(_models_in(field.annotation))
             description = field.description or (held[0].__doc__ if held else None)
-            if model.__name__ == "ObjectMeta" and not description:
+            if model.__name__ in ("ObjectMeta", "RuntimeMeta") and not description:
                 continue  # Kubernetes' own metadata fields: the models describe only name
             wire = field.alias or name
             assert wire in rows, f"{model.__name__}.{wire} missing from the API reference"
