@@ -26,7 +26,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from torchfleet_cli import manifest, progress
-from torchfleet_cli.client import Client, Job, JobNotFound
+from torchfleet_cli.client import Client, Job, JobNotFound, KeptLogNotRead
+from torchfleet_cli.kept_logs import NoKeptLogs
 from torchfleet_cli.packing import PackingError
 from torchfleet_operator.api import InvalidSpecError, TrainingJobStatus
 from torchfleet_operator.api.constants import PHASE_SUCCEEDED
@@ -280,11 +281,46 @@ def describe(connect: Callable[[], Client], job: str) -> None:
 
 @cli.command()
 @click.argument("job")
-@click.option("--rank", type=click.IntRange(min=0), default=0, help="Node rank of the pod.")
+@click.option(
+    "--rank",
+    type=click.IntRange(min=0),
+    default=0,
+    help="Node rank of the live pod; with --generation, the process rank.",
+)
 @click.option("-f", "--follow", is_flag=True, help="Keep printing as lines come.")
+@click.option(
+    "--generation",
+    type=click.IntRange(min=0),
+    help="A gang generation's kept log (torchfleet-train's, on the checkpoint volume), "
+    "read once its pods are gone.",
+)
+@click.option(
+    "--round",
+    "round_",
+    type=click.IntRange(min=0),
+    default=0,
+    help="In-place round (--generation).",
+)
 @kube_options
-def logs(connect: Callable[[], Client], job: str, rank: int, follow: bool) -> None:
-    """The trainer's log of JOB's live pod of node rank --rank."""
+def logs(
+    connect: Callable[[], Client],
+    job: str,
+    rank: int,
+    follow: bool,
+    generation: int | None,
+    round_: int,
+) -> None:
+    """The trainer's log of JOB's live pod of node rank --rank; with
+    --generation, a rank's log kept on the checkpoint volume (a short-lived pod
+    reads it)."""
+    if generation is not None:
+        if follow:
+            raise click.UsageError("a kept log is whole: --follow is for a live pod's")
+        try:
+            click.echo(connect().kept_log(job, generation, round_, rank), nl=False)
+        except (JobNotFound, NoKeptLogs, KeptLogNotRead) as error:
+            raise click.ClickException(str(error)) from None
+        return
     try:
         found = connect().logs(job, rank=rank, follow=follow)
     except JobNotFound as error:

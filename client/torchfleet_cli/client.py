@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from torchfleet_cli import manifest
+from torchfleet_cli import kept_logs, manifest
 from torchfleet_cli.packing import pack
 from torchfleet_cli.progress import FINAL_PHASES
 from torchfleet_operator.api import GROUP, PLURAL, VERSION, TrainingJobStatus
@@ -29,6 +29,10 @@ from torchfleet_operator.desired.labels import (
 
 class JobNotFound(LookupError):
     """No TrainingJob of that name in the namespace."""
+
+
+class KeptLogNotRead(RuntimeError):
+    """The reader pod ended without printing the kept log (no such file)."""
 
 
 class Job:
@@ -243,6 +247,43 @@ class Client:
             pod, namespace, container=TRAINER_CONTAINER_NAME, follow=True, _preload_content=False
         )
         return _lines(response)
+
+    def kept_log(
+        self,
+        job: Job | str,
+        generation: int,
+        round_: int = 0,
+        rank: int = 0,
+        namespace: str | None = None,
+        timeout: float = 120,
+    ) -> str:
+        """Process rank ``rank``'s kept log of gang ``generation``, in-place round
+        ``round_``, read from the checkpoint volume by a short-lived pod
+        (kept_logs.reader_pod), deleted once read. Raises KeptLogNotRead with
+        what the pod said (a file that is not there: cat's message)."""
+        name, namespace = _name_and_namespace(job, namespace or self.namespace)
+        body = self.get_raw(name, namespace)
+        pod = kept_logs.reader_pod(body, generation, round_, rank)
+        pod["metadata"]["ownerReferences"] = [manifest.owner_reference(body)]
+        pod_name = pod["metadata"]["name"]
+        self.core.create_namespaced_pod(namespace, pod)
+        try:
+            phase = self._pod_ended(pod_name, namespace, timeout)
+            text = str(self.core.read_namespaced_pod_log(pod_name, namespace))
+        finally:
+            self.core.delete_namespaced_pod(pod_name, namespace, grace_period_seconds=0)
+        if phase != "Succeeded":
+            raise KeptLogNotRead(f"{pod_name} {phase or 'did not end in time'}: {text.strip()}")
+        return text
+
+    def _pod_ended(self, pod: str, namespace: str, timeout: float) -> str | None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            phase = self.core.read_namespaced_pod(pod, namespace).status.phase
+            if phase in ("Succeeded", "Failed"):
+                return str(phase)
+            time.sleep(0.5)
+        return None
 
     def rank_pod(self, job: str, rank: int, namespace: str) -> str:
         """The name of node rank ``rank``'s pod of the job's newest gang."""
