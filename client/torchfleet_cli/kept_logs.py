@@ -18,11 +18,11 @@ from typing import Any
 
 from torchfleet_contract import pod as contract
 from torchfleet_operator.api import parse_training_job
+from torchfleet_operator.api.runtime_merge import merged_over_record
 from torchfleet_operator.config import DEFAULT_TRAINER_IMAGE
 from torchfleet_operator.desired import names
 from torchfleet_operator.desired.labels import JOB_NAME_LABEL
 from torchfleet_operator.policy.kept_logs import logs_root
-from torchfleet_operator.policy.runtime import merged_spec
 
 VOLUME = "checkpoint"
 PLACEMENT = ("nodeSelector", "tolerations", "affinity")
@@ -35,7 +35,7 @@ class NoKeptLogs(ValueError):
 def reader_pod(job: dict[str, Any], generation: int, round_: int, rank: int) -> dict[str, Any]:
     """The pod that prints rank ``rank``'s kept log of gang ``generation``,
     in-place round ``round_``; raises :class:`NoKeptLogs` saying why there is none."""
-    body = {**job, "spec": merged_spec(job, None)}  # a runtime's checkpoint counts
+    body = {**job, "spec": merged_over_record(job) or job.get("spec")}  # a runtime's counts
     spec = parse_training_job(body).spec
     name = str(job["metadata"]["name"])
     root = logs_root(spec)

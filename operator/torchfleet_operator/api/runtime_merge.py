@@ -29,6 +29,8 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
+from torchfleet_operator.api.constants import CLUSTER_RUNTIME_KIND
+
 _MISSING = object()
 # Lists of objects that merge by a key (pod specs and containers).
 _KEYED_LISTS = {
@@ -83,6 +85,25 @@ def merge_spec(job: dict[str, Any], runtime: dict[str, Any]) -> dict[str, Any]:
     """The job's spec over the runtime's (the module docstring's precedence)."""
     merged: dict[str, Any] = _merge(job, _applicable(job, runtime), ())
     return merged
+
+
+def merged_over_record(body: dict[str, Any]) -> dict[str, Any] | None:
+    """A stored job's spec merged over the runtime its status records
+    (status.runtime, written when the runtime was resolved), when the record
+    is of the runtime its spec.runtimeRef names; None without such a record.
+    For readers of a stored job (the CLI) as much as for the operator."""
+    spec = body.get("spec")
+    ref = spec.get("runtimeRef") if isinstance(spec, dict) else None
+    recorded = (body.get("status") or {}).get("runtime")
+    if not isinstance(spec, dict) or not isinstance(ref, dict) or not isinstance(recorded, dict):
+        return None
+    if (ref.get("kind") or CLUSTER_RUNTIME_KIND, ref.get("name")) != (
+        recorded.get("kind"),
+        recorded.get("name"),
+    ):
+        return None
+    runtime = recorded.get("spec")
+    return merge_spec(spec, runtime if isinstance(runtime, dict) else {})
 
 
 def _applicable(job: dict[str, Any], runtime: dict[str, Any]) -> dict[str, Any]:

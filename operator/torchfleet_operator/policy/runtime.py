@@ -23,7 +23,13 @@ from typing import Any
 
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.api import reasons as r
-from torchfleet_operator.api.runtime_merge import merge_spec, runtime_source, source, spec_hash
+from torchfleet_operator.api.runtime_merge import (
+    merge_spec,
+    merged_over_record,
+    runtime_source,
+    source,
+    spec_hash,
+)
 from torchfleet_operator.api.v1alpha1 import ResolvedRuntime
 from torchfleet_operator.observed import ObservedRuntime
 from torchfleet_operator.planning import Pass, Plan
@@ -94,9 +100,9 @@ def merged_spec(body: dict[str, Any], found: ObservedRuntime | None) -> dict[str
     ref = reference(spec)
     if ref is None:
         return spec
-    recorded = (body.get("status") or {}).get("runtime")
-    if isinstance(recorded, dict) and (recorded.get("kind"), recorded.get("name")) == ref:
-        return merge_spec(spec, recorded.get("spec") or {})
+    recorded = merged_over_record(body)
+    if recorded is not None:
+        return recorded
     if found is not None and (found.kind, found.name) == ref:
         return merge_spec(spec, found.spec)
     return spec
