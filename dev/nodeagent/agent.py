@@ -24,7 +24,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from . import network, runtime
+from . import logserver, network, runtime
 from . import node as nodes
 from .cgroups import THROTTLE_ANNOTATION, CgroupRoot, parse_throttle
 from .hosts import PeerAddress, peer_at, peer_from_pod, render_hosts
@@ -161,6 +161,7 @@ class Agent:
         self.config.state_dir.mkdir(parents=True, exist_ok=True)
         for context in self.contexts.values():
             context.cgroups.remove_stale()
+        self.logs_port = logserver.serve(self.config.state_dir, self.bridge.gateway)
         self.node_uids = {}
         for name in self.config.node_names:
             self.node_uids[name] = self.kube.register_node(
@@ -286,7 +287,7 @@ class Agent:
             lease = nodes.lease_manifest(name, self.node_uids[name], LEASE_SECONDS)
             self.kube.renew_lease(lease, nodes.lease_renewal())
             status = nodes.node_status(
-                name, self.bridge.gateway, self.config.cpu, self.config.memory
+                name, self.bridge.gateway, self.config.cpu, self.config.memory, self.logs_port
             )
             self.kube.patch_node_status(name, status)
 

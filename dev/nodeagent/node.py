@@ -76,7 +76,9 @@ def _arch() -> str:
     return {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
 
 
-def node_status(name: str, host_ip: str, cpu: str, memory: str) -> dict[str, Any]:
+def node_status(
+    name: str, host_ip: str, cpu: str, memory: str, logs_port: int | None = None
+) -> dict[str, Any]:
     """Capacity, Ready and the addresses, as a kubelet would report them."""
     now = _now()
     resources = {"cpu": cpu, "memory": memory, "pods": "110", "ephemeral-storage": "100Gi"}
@@ -104,6 +106,12 @@ def node_status(name: str, host_ip: str, cpu: str, memory: str) -> dict[str, Any
             {"type": "InternalIP", "address": host_ip},
             {"type": "Hostname", "address": name},
         ],
+        # Where the API server fetches container logs (logserver.py).
+        **(
+            {"daemonEndpoints": {"kubeletEndpoint": {"Port": logs_port}}}
+            if logs_port is not None
+            else {}
+        ),
         "nodeInfo": {
             "machineID": "",
             "systemUUID": "",

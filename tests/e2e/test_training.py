@@ -19,6 +19,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import urllib.parse
 import urllib.request
@@ -363,6 +364,33 @@ def test_the_restart_names_the_failed_pods_kept_logs_and_they_hold_its_lines(
     assert text.startswith(
         f"=== torchfleet-train rank {shakespeare.killed_rank}, generation 0, round 0"
     ), text[:300]
+
+
+def test_torchfleet_logs_reads_a_gone_ranks_kept_log_from_the_volume(
+    shakespeare: ShakespeareRun, cluster
+):
+    """`torchfleet logs JOB --generation 0 --rank N`: the killed rank's pod is
+    long gone; a short-lived pod reads its kept file off the checkpoint claim,
+    and the command prints it whole, then deletes that pod."""
+    assert shakespeare.claim_dir is not None
+    kept = shakespeare.claim_dir / "logs" / "gen-0" / "round-0"
+    name = shakespeare.job["metadata"]["name"]
+    base = [
+        str(Path(sys.executable).parent / "torchfleet"), "logs", name,
+        "--kubeconfig", cluster.kubeconfig, "-n", shakespeare.namespace,
+    ]  # fmt: skip
+    args = ["--generation", "0", "--round", "0", "--rank", str(shakespeare.killed_rank)]
+    out = subprocess.run([*base, *args], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == (kept / f"rank-{shakespeare.killed_rank}.log").read_text(errors="replace")
+    missing = subprocess.run(
+        [*base, "--generation", "7"], capture_output=True, text=True, timeout=180
+    )
+    assert missing.returncode == 1 and "gen-7/round-0/rank-0.log" in missing.stderr, missing
+    readers = cluster.get_json(
+        "pods", "-n", shakespeare.namespace, "-l", "app.kubernetes.io/component=kept-log-reader"
+    )["items"]
+    assert all(p["metadata"].get("deletionTimestamp") for p in readers), readers
 
 
 def test_shakespeare_job_succeeds_below_the_loss_threshold(shakespeare: ShakespeareRun):
