@@ -19,9 +19,11 @@ local apiserver, as a real install would run in a pod:
   put every pod of the cluster behind this process;
 * its Configuration: no internal certificate management, no leader election,
   ``manageJobsWithoutQueueName: false``, TrainingJob declared an external
-  framework (torchfleet's operator is its job integration), and the
-  visibility server, MultiKueue and provisioning off (fixed ports or APIs the
-  local cluster lacks).
+  framework (torchfleet's operator is its job integration) and, for
+  MultiKueue (multikueue.py connects a manager to its workers), a framework
+  of the generic MultiKueue adapter; the visibility server and provisioning
+  off (a fixed port, an API the local cluster lacks). A running Kueue of
+  another Configuration is restarted with this one.
 
 Ports come from ``TORCHFLEET_KUEUE_{WEBHOOK,HEALTH,METRICS}_PORT`` (shifted
 like the cluster's, localcluster.port). Readiness is Kueue's own ``/readyz``
@@ -52,13 +54,19 @@ KUEUE_GROUP = "kueue.x-k8s.io"
 # Kueue integrates TrainingJob through torchfleet's operator, as an external framework.
 EXTERNAL_FRAMEWORKS = ("TrainingJob.v1alpha1.torchfleet.dev",)
 # Off: the visibility API server binds a fixed port (8082) and needs an
-# APIService; MultiKueue and ProvisioningRequest checks need other clusters/APIs.
-# 0.17 has no ProvisioningACC gate (an unknown gate stops Kueue at start): it
-# checks for the ProvisioningRequest API instead.
+# APIService; ProvisioningRequest checks need an API the cluster lacks. 0.17
+# has no ProvisioningACC gate (an unknown gate stops Kueue at start): it checks
+# for the ProvisioningRequest API instead. MultiKueue stays on in 0.17 (on by
+# default, as MultiKueueAdaptersForCustomJobs): it acts only on Workloads of a
+# ClusterQueue whose admission check is MultiKueue's; 0.10 has no generic
+# adapter for TrainingJob, so it stays off there.
 FEATURE_GATES = {
     "v0.10.6": "VisibilityOnDemand=false,MultiKueue=false,ProvisioningACC=false",
-    "v0.17.0": "VisibilityOnDemand=false,MultiKueue=false",
+    "v0.17.0": "VisibilityOnDemand=false",
 }
+# Releases whose MultiKueue copies a TrainingJob to a worker cluster (the
+# generic adapter for custom jobs, configured by multiKueue.externalFrameworks).
+MULTIKUEUE_ADAPTER = {"v0.17.0"}
 # The Configuration API each release reads (0.17 reads v1beta1 too, converting).
 CONFIG_API = {
     "v0.10.6": "config.kueue.x-k8s.io/v1beta1",
@@ -138,7 +146,11 @@ class Kueue:
         """Starts Kueue (or keeps a healthy one) against the running cluster."""
         log, wait_for = self.lc.log, self.lc.wait_for
         built = build(self.version)
-        if self.healthy() and self.running_version() == self.version:
+        if (
+            self.healthy()
+            and self.running_version() == self.version
+            and self._config_text() == self._running_config()
+        ):
             log(f"reusing the running kueue {self.version}")
         else:
             self.down(quiet=True)
@@ -296,8 +308,14 @@ class Kueue:
         shutil.copyfile(pki / "kueue-webhook.crt", self.certs / "tls.crt")
         shutil.copyfile(pki / "kueue-webhook.key", self.certs / "tls.key")
 
+    def _running_config(self) -> str | None:
+        return self.config_file.read_text() if self.config_file.exists() else None
+
     def _write_config(self) -> None:
-        config = {
+        self.config_file.write_text(self._config_text())
+
+    def _config_text(self) -> str:
+        config: dict[str, Any] = {
             "apiVersion": CONFIG_API[self.version],
             "kind": "Configuration",
             "namespace": NAMESPACE,
@@ -318,8 +336,14 @@ class Kueue:
                 "externalFrameworks": list(EXTERNAL_FRAMEWORKS),
             },
         }
+        if self.version in MULTIKUEUE_ADAPTER:
+            config["multiKueue"] = {
+                "externalFrameworks": [{"name": name} for name in EXTERNAL_FRAMEWORKS],
+                # Remote objects whose manager-side Workload is gone go soon.
+                "gcInterval": "30s",
+            }
         # JSON is YAML: Kueue reads either.
-        self.config_file.write_text(json.dumps(config, indent=2))
+        return json.dumps(config, indent=2)
 
     def _register_webhooks(self, manifests: Path) -> None:
         converted = self.cluster.kubectl(
