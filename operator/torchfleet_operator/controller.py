@@ -21,7 +21,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from torchfleet_operator import metrics
-from torchfleet_operator.api.constants import PLURAL, RUNTIME_KIND, RUNTIME_PLURAL
+from torchfleet_operator.api.constants import (
+    KUEUE_PREBUILT_WORKLOAD_LABEL,
+    PLURAL,
+    RUNTIME_KIND,
+    RUNTIME_PLURAL,
+)
 from torchfleet_operator.api.parse import read_status
 from torchfleet_operator.config import OperatorConfig
 from torchfleet_operator.desired.names import checkpoint_claim_name
@@ -96,6 +101,14 @@ def _abdicate() -> None:
     could otherwise still write after another replica took over."""
     logging.shutdown()
     os._exit(1)
+
+
+def _controller_other_than(workload: Any, uid: str) -> bool:
+    """The Workload has a controller, and it is not the object of ``uid``."""
+    return any(
+        r.get("controller") and r.get("uid") != uid
+        for r in workload.metadata.get("ownerReferences") or ()
+    )
 
 
 def _first(collection: Iterable[Any] | None) -> Any:
@@ -421,11 +434,17 @@ class Controller:
         self, key: JobKey, body: dict[str, Any], uid: str, found: ObservedRuntime | None
     ) -> KueueView:
         caches = self.caches
+        # MultiKueue's copy of a job runs under the Workload copied with it
+        # (named by the job's label, owned by nobody until the job takes it).
+        prebuilt = ((body.get("metadata") or {}).get("labels") or {}).get(
+            KUEUE_PREBUILT_WORKLOAD_LABEL
+        )
         workload = next(
             (
                 w
                 for w in caches.workloads.get(key) or ()
                 if any(r.get("uid") == uid for r in w.metadata.get("ownerReferences") or ())
+                or (prebuilt and w.name == prebuilt and not _controller_other_than(w, uid))
             ),
             None,
         )
@@ -487,8 +506,7 @@ class Controller:
         now = datetime.now(UTC)
         decided = plan(body, snapshot.observed, now, self.config, current)
         if decided.managed_by is not None:
-            self._leave_alone(key, body, decided)
-            return None
+            return self._leave_alone(key, snapshot, decided)
         held = self._expectations.setdefault(key, _Expectations()).held
         still_held = bool(held)
         if _status_known_before_executing(decided):
@@ -538,14 +556,20 @@ class Controller:
             self._gone.add(uid)
         return uid in self._gone
 
-    def _leave_alone(self, key: JobKey, body: dict[str, Any], decided: Plan) -> None:
-        """A job another controller runs (spec.managedBy): nothing executed, no
-        status written, nothing requeued; its event posted once (the API server
-        refuses it again after a restart of this operator: EventSpec.once)."""
+    def _leave_alone(self, key: JobKey, snapshot: Snapshot, decided: Plan) -> float | None:
+        """A job another controller runs (spec.managedBy): no status written;
+        nothing executed but the Workload MultiKueue needs (policy/managed.py),
+        retried after a refusal; its event posted once (the API server refuses
+        it again after a restart of this operator: EventSpec.once)."""
+        body, delay = snapshot.body, None
+        if decided.create:
+            result = self.executor.execute(key[0], body, decided)
+            delay = self._executed(key, decided, result, snapshot)
         uid = body["metadata"].get("uid", "")
         if uid not in self._left_alone:
             self._left_alone.add(uid)
             self.executor.post_events(key[0], body, decided.events)
+        return delay
 
     def _executed(
         self, key: JobKey, decided: Plan, result: ExecutionResult, snapshot: Snapshot

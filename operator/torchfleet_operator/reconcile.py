@@ -81,6 +81,23 @@ def validation_problem(
     return (None, problem) if problem else (job, None)
 
 
+def _multikueue_workload(
+    manager: str, body: dict[str, Any], observed: Observed, now: datetime, config: OperatorConfig
+) -> dict[str, Any] | None:
+    """The Workload this operator makes for a job MultiKueue dispatches (on
+    the manager cluster: policy/managed.py), from its spec as a pass of its own
+    would plan it; None for any other manager, a deleted job, or a spec that
+    does not resolve or parse (the worker's operator would say why)."""
+    if manager != c.MANAGED_BY_MULTIKUEUE or body["metadata"].get("deletionTimestamp"):
+        return None
+    step = Pass(body, {}, observed, now, config)
+    resolved = runtime.resolve(step, body)
+    if isinstance(resolved, Plan):
+        return None
+    job, _ = validation_problem(resolved.body, resolved.source)
+    return None if job is None else managed.multikueue_workload(step, job.spec)
+
+
 def plan(
     body: dict[str, Any],
     observed: Observed,
@@ -91,7 +108,9 @@ def plan(
     """Decides one pass. ``status`` is the freshest known status (default: the body's)."""
     manager = managed.manager_elsewhere(body.get("spec"))
     if manager is not None:  # not even a deleted job's status is this operator's
-        return managed.left_alone(manager)
+        return managed.left_alone(
+            manager, _multikueue_workload(manager, body, observed, now, config)
+        )
     if body["metadata"].get("deletionTimestamp"):
         # The garbage collector takes the children with it. The status stays
         # as it is: a job held by another's finalizer is still read (kubectl,

@@ -45,6 +45,9 @@ DEFAULT_IN_PLACE_RESTARTS: Final = 2
 
 # Kueue admits a suspended job whose pods carry this label.
 KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
+# Set by MultiKueue on the copy of a job it creates on a worker cluster: the
+# Workload it copied there too, which the job runs under (it makes no other).
+KUEUE_PREBUILT_WORKLOAD_LABEL: Final = "kueue.x-k8s.io/prebuilt-workload-name"
 # Kueue's WorkloadPriorityClass of a job: its Workload's priority (not the pods').
 KUEUE_PRIORITY_CLASS_LABEL: Final = "kueue.x-k8s.io/priority-class"
 VOLCANO_SCHEDULER: Final = "volcano"  # Volcano's scheduler name (its default --scheduler-name)

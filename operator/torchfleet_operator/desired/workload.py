@@ -265,3 +265,16 @@ def activation(workload_manifest: dict[str, Any], active: bool) -> dict[str, Any
         "metadata": {"annotations": {SUSPENDED_ANNOTATION: None if active else "true"}},
         "spec": {"active": active},
     }
+
+
+def adoption(job: str, uid: str, api_version: str = KUEUE_API) -> dict[str, Any]:
+    """Merge patch making the job the controller of a Workload it did not
+    create (MultiKueue's copy on a worker), as jobframework's
+    EnsurePrebuiltWorkloadOwnership does: owner reference and job uid label."""
+    return {
+        "apiVersion": api_version,
+        "metadata": {
+            "labels": {JOB_UID_LABEL: uid},
+            "ownerReferences": [labels.owner_reference(job, uid)],
+        },
+    }

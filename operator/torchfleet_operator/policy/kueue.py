@@ -89,6 +89,9 @@ def _current_workload(
     missing; replaced when the job's PodSets changed while it waited (no quota
     reserved: once admitted, it is what the gang runs on)."""
     workload = view.workload
+    prebuilt = step.labels.get(c.KUEUE_PREBUILT_WORKLOAD_LABEL)
+    if prebuilt:
+        return _prebuilt(step, prebuilt, workload)
     wanted_class = view.workload_priority_class
     if workload is None and wanted_class and view.workload_priority is None:
         _mirror(step, None)
@@ -102,19 +105,7 @@ def _current_workload(
         )
         return None
     if workload is None:
-        step.plan.create.append(
-            workload_builder.workload(
-                step.name,
-                step.namespace,
-                step.uid,
-                spec,
-                queue,
-                view.workload_priority if wanted_class else view.priority,
-                image,
-                view.api_version,
-                wanted_class,
-            )
-        )
+        step.plan.create.append(new_workload(step, spec, queue, view, image))
     elif workload.deleting:
         pass
     elif _stale(workload, step, spec, image):
@@ -137,6 +128,61 @@ def _current_workload(
     _mirror(step, None)
     step.set_phase(c.PHASE_PENDING)
     return None
+
+
+def new_workload(
+    step: Pass, spec: TrainingJobSpec, queue: str, view: KueueView, image: str
+) -> dict[str, Any]:
+    """The job's Workload as this operator creates it (for a job it runs, or
+    on MultiKueue's manager cluster for one MultiKueue runs: managed.py)."""
+    wanted_class = view.workload_priority_class
+    return workload_builder.workload(
+        step.name,
+        step.namespace,
+        step.uid,
+        spec,
+        queue,
+        view.workload_priority if wanted_class else view.priority,
+        image,
+        view.api_version,
+        wanted_class,
+    )
+
+
+def _prebuilt(step: Pass, name: str, workload: ObservedWorkload | None) -> ObservedWorkload | None:
+    """A job MultiKueue copied to this (worker) cluster runs under the Workload
+    it copied beside it, named by the job's label: none is made or replaced
+    here. It is taken over as jobframework does (the job its controller, the
+    job's uid label), so it goes with the job."""
+    if workload is None or workload.deleting:
+        _mirror(step, None)
+        step.set_phase(c.PHASE_PENDING)
+        step.set_condition(
+            r.CONDITION_CREATED,
+            False,
+            r.REASON_WAITING_FOR_ADMISSION,
+            f"waiting for Workload {name}, which MultiKueue creates with the job",
+        )
+        return None
+    if not _controlled_by_job(step, workload):
+        step.plan.workload_patches.append(
+            WorkloadPatch(
+                workload.name,
+                workload_builder.adoption(
+                    step.name,
+                    step.uid,
+                    workload.manifest.get("apiVersion", workload_builder.KUEUE_API),
+                ),
+            )
+        )
+    return workload
+
+
+def _controlled_by_job(step: Pass, workload: ObservedWorkload) -> bool:
+    return any(
+        ref.get("controller") and ref.get("uid") == step.uid
+        for ref in workload.metadata.get("ownerReferences") or ()
+    )
 
 
 def _deactivated_while_waiting(workload: ObservedWorkload, live: list[ObservedPod]) -> bool:

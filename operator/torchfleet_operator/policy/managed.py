@@ -8,6 +8,15 @@ and two writers would fight over it. Nothing is requeued either: the field is
 immutable, so no later pass can find the job turned into this operator's.
 Who runs it shows in ``kubectl get tj -o wide`` (the Managed-By column) and
 in one event per job.
+
+One exception, Kueue's rule for an external framework: for a job MultiKueue
+runs, on the manager cluster, this operator is the job's integration and
+creates its Workload (Kueue makes none for a kind it has no controller for);
+Kueue admits it through the MultiKueue admission check, copies the job and
+the Workload to a worker cluster, mirrors the worker's status into the job
+here, and finishes the Workload when the worker's finishes. On the worker the
+copy arrives without spec.managedBy, so that cluster's operator runs it
+(under the copied Workload: policy/kueue.py).
 """
 
 from __future__ import annotations
@@ -16,7 +25,9 @@ from typing import Any
 
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.api import reasons as r
-from torchfleet_operator.planning import EventSpec, Plan
+from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
+from torchfleet_operator.planning import EventSpec, Pass, Plan
+from torchfleet_operator.policy import admission, kueue
 
 THIS_OPERATOR = ("", c.MANAGED_BY_OPERATOR)
 
@@ -34,9 +45,25 @@ def manager_elsewhere(spec: Any) -> str | None:
     return value
 
 
-def left_alone(manager: str) -> Plan:
-    """The pass of a job ``manager`` runs: nothing to create, delete or write,
-    nothing requeued; one event naming the manager, posted once per job."""
+def multikueue_workload(step: Pass, spec: TrainingJobSpec) -> dict[str, Any] | None:
+    """The Workload to create for a job MultiKueue dispatches, on the manager
+    cluster: None when it has one, names no queue, or Kueue is not installed.
+    Made as for a job this operator runs (its pod sets are what the worker's
+    Kueue admits), owned by the job (MultiKueue finds its adapter by the
+    Workload's controller)."""
+    view = step.observed.kueue
+    queue = admission.kueue_queue(spec, step.labels)
+    if queue is None or view is None or not view.installed or view.workload is not None:
+        return None
+    if view.workload_priority_class and view.workload_priority is None:
+        return None  # made once the class exists (its event wakes the job)
+    return kueue.new_workload(step, spec, queue, view, step.config.trainer_image)
+
+
+def left_alone(manager: str, workload: dict[str, Any] | None = None) -> Plan:
+    """The pass of a job ``manager`` runs: nothing to delete or write, nothing
+    requeued, nothing created but ``workload`` (MultiKueue's, see above); one
+    event naming the manager, posted once per job."""
     if manager == c.MANAGED_BY_MULTIKUEUE:
         who = "Kueue's MultiKueue runs it on a worker cluster and mirrors its status here"
     else:
@@ -47,5 +74,6 @@ def left_alone(manager: str) -> Plan:
     )
     return Plan(
         managed_by=manager,
+        create=[workload] if workload is not None else [],
         events=[EventSpec("Normal", r.EVENT_MANAGED_ELSEWHERE, message, once=True)],
     )
