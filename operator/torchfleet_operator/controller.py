@@ -562,7 +562,7 @@ class Controller:
         retried after a refusal; its event posted once (the API server refuses
         it again after a restart of this operator: EventSpec.once)."""
         body, delay = snapshot.body, None
-        if decided.create:
+        if decided.create or decided.workload_patches:
             result = self.executor.execute(key[0], body, decided)
             delay = self._executed(key, decided, result, snapshot)
         uid = body["metadata"].get("uid", "")

@@ -379,6 +379,11 @@ def clear_reservation(workload: ObservedWorkload, now: str) -> dict[str, Any]:
         status["requeueState"] = workload.status["requeueState"]
     if workload.status.get("resourceRequests"):
         status["resourceRequests"] = workload.status["resourceRequests"]
+    # Kept as they are: Kueue writes its admission checks' states under this
+    # field manager too, and an apply without them would drop their required
+    # state and message (the API server refuses that: 422).
+    if workload.status.get("admissionChecks"):
+        status["admissionChecks"] = workload.status["admissionChecks"]
     body["status"] = status
     return body
 

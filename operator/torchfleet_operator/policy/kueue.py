@@ -235,12 +235,15 @@ def suspended(
 
 
 def _hand_back(step: Pass, workload: ObservedWorkload) -> None:
-    step.plan.workload_patches.append(
-        WorkloadPatch(
-            workload.name,
-            admission.clear_reservation(workload, step.stamp),
-            admission.ADMISSION_FIELD_MANAGER,
-        )
+    step.plan.workload_patches.append(hand_back(step, workload))
+
+
+def hand_back(step: Pass, workload: ObservedWorkload) -> WorkloadPatch:
+    """The write that drops an evicted Workload's admission (its job stopped)."""
+    return WorkloadPatch(
+        workload.name,
+        admission.clear_reservation(workload, step.stamp),
+        admission.ADMISSION_FIELD_MANAGER,
     )
 
 

@@ -26,7 +26,7 @@ from typing import Any
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.api import reasons as r
 from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
-from torchfleet_operator.planning import EventSpec, Pass, Plan
+from torchfleet_operator.planning import EventSpec, Pass, Plan, WorkloadPatch
 from torchfleet_operator.policy import admission, kueue
 
 THIS_OPERATOR = ("", c.MANAGED_BY_OPERATOR)
@@ -45,25 +45,40 @@ def manager_elsewhere(spec: Any) -> str | None:
     return value
 
 
-def multikueue_workload(step: Pass, spec: TrainingJobSpec) -> dict[str, Any] | None:
-    """The Workload to create for a job MultiKueue dispatches, on the manager
-    cluster: None when it has one, names no queue, or Kueue is not installed.
+def multikueue_workload(
+    step: Pass, spec: TrainingJobSpec
+) -> tuple[dict[str, Any] | None, list[WorkloadPatch]]:
+    """What the operator does with the Workload of a job MultiKueue dispatches,
+    on the manager cluster: the Workload to create (None when it has one, names
+    no queue, or Kueue is not installed), and the writes to the one it has.
     Made as for a job this operator runs (its pod sets are what the worker's
     Kueue admits), owned by the job (MultiKueue finds its adapter by the
-    Workload's controller)."""
+    Workload's controller). Evicted (a worker lost, preempted), it gets
+    jobframework's eviction step: the job stopped (here it has no pods) and
+    the quota handed back, so that Kueue queues it again and dispatches it
+    anew; without that it stays evicted with its quota, dispatched nowhere."""
     view = step.observed.kueue
     queue = admission.kueue_queue(spec, step.labels)
-    if queue is None or view is None or not view.installed or view.workload is not None:
-        return None
-    if view.workload_priority_class and view.workload_priority is None:
-        return None  # made once the class exists (its event wakes the job)
-    return kueue.new_workload(step, spec, queue, view, step.config.trainer_image)
+    if queue is None or view is None or not view.installed:
+        return None, []
+    workload = view.workload
+    if workload is None:
+        if view.workload_priority_class and view.workload_priority is None:
+            return None, []  # made once the class exists (its event wakes the job)
+        return kueue.new_workload(step, spec, queue, view, step.config.trainer_image), []
+    if workload.evicted and workload.has_reservation and not workload.deleting:
+        return None, [kueue.hand_back(step, workload)]
+    return None, []
 
 
-def left_alone(manager: str, workload: dict[str, Any] | None = None) -> Plan:
-    """The pass of a job ``manager`` runs: nothing to delete or write, nothing
-    requeued, nothing created but ``workload`` (MultiKueue's, see above); one
-    event naming the manager, posted once per job."""
+def left_alone(
+    manager: str,
+    workload: dict[str, Any] | None = None,
+    workload_patches: list[WorkloadPatch] | None = None,
+) -> Plan:
+    """The pass of a job ``manager`` runs: no status, nothing deleted or
+    requeued, nothing created or written but MultiKueue's Workload (above);
+    one event naming the manager, posted once per job."""
     if manager == c.MANAGED_BY_MULTIKUEUE:
         who = "Kueue's MultiKueue runs it on a worker cluster and mirrors its status here"
     else:
@@ -75,5 +90,6 @@ def left_alone(manager: str, workload: dict[str, Any] | None = None) -> Plan:
     return Plan(
         managed_by=manager,
         create=[workload] if workload is not None else [],
+        workload_patches=list(workload_patches or ()),
         events=[EventSpec("Normal", r.EVENT_MANAGED_ELSEWHERE, message, once=True)],
     )

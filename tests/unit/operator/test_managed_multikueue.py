@@ -12,11 +12,12 @@ import pytest
 
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.desired import workload as wl
-from torchfleet_operator.observed import Observed
+from torchfleet_operator.observed import Observed, ObservedWorkload
+from torchfleet_operator.policy import admission
 from torchfleet_operator.reconcile import plan
 
 from .builders import CONFIG, at, job, observed
-from .test_kueue_admission import ADMITTED, PENDING, QUEUED, kueue, pods_of
+from .test_kueue_admission import ADMITTED, EVICTED, PENDING, QUEUED, kueue, pods_of
 
 MK = {"managedBy": c.MANAGED_BY_MULTIKUEUE}
 PREBUILT = "trainingjob-llm-abcde"  # ADMITTED's name
@@ -71,6 +72,34 @@ def test_the_managers_workload_is_the_one_the_job_would_have_and_the_job_control
     [owner] = made["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["uid"], owner["controller"]) == ("TrainingJob", "uid-1", True)
     assert made["metadata"]["name"] == wl.workload_name("llm", "uid-1")
+
+
+def test_on_the_manager_an_evicted_workload_hands_its_quota_back() -> None:
+    """A worker lost (the admission check set to Retry) or a preemption evicts
+    the manager's Workload; the job has no pods there, so its quota is handed
+    back at once (jobframework's eviction step) and Kueue dispatches it anew."""
+    assert ObservedWorkload(EVICTED).has_reservation
+    decided = plan(job(**MK, **QUEUED), observed(kueue=kueue(EVICTED)), at(0), CONFIG)
+    [patch] = decided.workload_patches
+    assert (patch.name, patch.field_manager) == (EVICTED["metadata"]["name"], "kueue-admission")
+    assert patch.field_manager == admission.ADMISSION_FIELD_MANAGER
+    conditions = {x["type"]: x["status"] for x in patch.body["status"]["conditions"]}
+    assert conditions["QuotaReserved"] == "False"
+    assert "admission" not in patch.body["status"]
+    assert decided.create == [] and decided.status == {}
+    # Its admission checks' states stay (Kueue applies them under the same
+    # manager: an apply without them is refused, 422 'admissionChecks[0].state:
+    # Required value').
+    checks = [{"name": "mk", "state": "Pending", "message": "m", "lastTransitionTime": "t"}]
+    with_check = copy.deepcopy(EVICTED)
+    with_check["status"]["admissionChecks"] = checks
+    [kept] = plan(
+        job(**MK, **QUEUED), observed(kueue=kueue(with_check)), at(0), CONFIG
+    ).workload_patches
+    assert kept.body["status"]["admissionChecks"] == checks
+    # Handed back already (no reservation): nothing more.
+    again = plan(job(**MK, **QUEUED), observed(kueue=kueue(PENDING)), at(0), CONFIG)
+    assert again.workload_patches == []
 
 
 def _copy_on_worker(**spec: Any) -> dict[str, Any]:
