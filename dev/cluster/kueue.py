@@ -341,6 +341,9 @@ class Kueue:
                 "externalFrameworks": [{"name": name} for name in EXTERNAL_FRAMEWORKS],
                 # Remote objects whose manager-side Workload is gone go soon.
                 "gcInterval": "30s",
+                # A job on a worker that stopped answering is dispatched again
+                # after 20 s, not Kueue's 15 minutes (tests wait on it).
+                "workerLostTimeout": "20s",
             }
         # JSON is YAML: Kueue reads either.
         return json.dumps(config, indent=2)

@@ -1,15 +1,17 @@
-"""MultiKueue with two local clusters, each with the real Kueue: a TrainingJob
-of spec.managedBy kueue.x-k8s.io/multikueue applied on the manager is copied
-to the worker by the manager's Kueue (dev/cluster/multikueue.py's objects, the
+"""MultiKueue with local clusters, each with the real Kueue: a TrainingJob of
+spec.managedBy kueue.x-k8s.io/multikueue applied on the manager is copied to
+a worker by the manager's Kueue (dev/cluster/multikueue.py's objects, the
 worker's kubeconfig in a Secret), runs there under the worker's operator on
 KWOK nodes, and its status comes back; the manager's operator makes only the
-Workload. The worker is a second local cluster beside the session's (its own
-folder, every port shifted by WORKER_PORT_SHIFT on top of the session's)."""
+Workload. The workers are more local clusters beside the session's (each its
+own folder, every port shifted by WORKER_PORT_SHIFTS on top of the session's)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -46,61 +48,75 @@ pytestmark = pytest.mark.cluster
 # dev/cluster/multikueue.py, loaded by path as the harness loads its add-ons.
 multikueue = _load_localcluster().load_addon("multikueue")
 
-# The e2e tier's cluster is +1000 (dev/test-tiers.sh): the worker sits between.
-WORKER_PORT_SHIFT = 500
-CHECK = "torchfleet-multikueue"
+# Each worker's ports shift from the session's; the e2e tier's cluster is
+# +1000 (dev/test-tiers.sh), so the workers take +500 and +1500.
+WORKER_PORT_SHIFTS = {"worker-1": 500, "worker-2": 1500}
+CHECK = "torchfleet-multikueue"  # worker-1 alone
+CHECK_BOTH = "torchfleet-multikueue-both"  # worker-1 and worker-2
 WORKER = "worker-1"
 
 
-def _worker_env() -> dict[str, str]:
+def _worker_env(name: str) -> dict[str, str]:
     manager = _load_localcluster().LocalCluster()
-    offset = int(os.environ.get("TORCHFLEET_CLUSTER_PORT_OFFSET", "0")) + WORKER_PORT_SHIFT
+    offset = int(os.environ.get("TORCHFLEET_CLUSTER_PORT_OFFSET", "0"))
     return {
         **os.environ,
-        "TORCHFLEET_CLUSTER_DIR": f"{manager.root}-mk-{WORKER}",
-        "TORCHFLEET_CLUSTER_PORT_OFFSET": str(offset),
+        "TORCHFLEET_CLUSTER_DIR": f"{manager.root}-mk-{name}",
+        "TORCHFLEET_CLUSTER_PORT_OFFSET": str(offset + WORKER_PORT_SHIFTS[name]),
     }
 
 
-def _localcluster(*args: str) -> str:
+def _localcluster(name: str, *args: str) -> str:
     out = subprocess.run(
         [sys.executable, str(REPO / "dev" / "cluster" / "localcluster.py"), *args],
-        env=_worker_env(),
+        env=_worker_env(name),
         capture_output=True,
         text=True,
         check=False,
     )
-    assert out.returncode == 0, f"localcluster {' '.join(args)} (worker): {out.stderr[-3000:]}"
+    assert out.returncode == 0, f"localcluster {' '.join(args)} ({name}): {out.stderr[-3000:]}"
     return out.stdout
 
 
-@pytest.fixture(scope="module")
-def worker(cluster: Cluster, kueue: str) -> Iterator[Cluster]:
-    """The worker cluster with its Kueue, the CRDs, and the manager's access."""
-    if _external_kubeconfig():
-        pytest.skip("MultiKueue's worker is a second local cluster")
-    if kueue != multikueue.KUEUE_API:
-        pytest.skip(f"Kueue serving {kueue} has no MultiKueue adapter for custom jobs (0.15+)")
-    root = Path(_worker_env()["TORCHFLEET_CLUSTER_DIR"])
+@contextlib.contextmanager
+def _worker_cluster(name: str) -> Iterator[Cluster]:
+    """A worker cluster with its Kueue, the CRDs, and the manager's access."""
+    root = Path(_worker_env(name)["TORCHFLEET_CLUSTER_DIR"])
     started = Cluster(kubeconfig=str(root / "kubeconfig"), bin_dir=root / "bin")
     # One started by hand (the same command) is left running, as the session's.
     already_running = (root / "kubeconfig").exists() and not started.kubectl(
         "get", "--raw", "/readyz", check=False, timeout=10
     ).returncode
-    _localcluster("up", "--with", "kueue")
+    _localcluster(name, "up", "--with", "kueue")
     try:
         apply_crd(started.kubectl)
-        for name in RUNTIME_CRDS:
-            started.kubectl("apply", "--server-side", "-f", str(REPO / "crds" / f"{name}.yaml"))
+        for crd in RUNTIME_CRDS:
+            started.kubectl("apply", "--server-side", "-f", str(REPO / "crds" / f"{crd}.yaml"))
         started.kubectl("apply", "-f", "-", input=multikueue.as_list(multikueue.worker_access()))
         yield started
     finally:
         if not already_running:
-            _localcluster("down")
+            _localcluster(name, "down")
 
 
-def _connect(manager: Cluster, worker: Cluster) -> None:
-    """The manager's Kueue reaches the worker as the worker's ServiceAccount."""
+@pytest.fixture(scope="module")
+def workers(cluster: Cluster, kueue: str) -> Iterator[dict[str, Cluster]]:
+    """Both worker clusters, started one after the other."""
+    if _external_kubeconfig():
+        pytest.skip("MultiKueue's workers are more local clusters")
+    if kueue != multikueue.KUEUE_API:
+        pytest.skip(f"Kueue serving {kueue} has no MultiKueue adapter for custom jobs (0.15+)")
+    with contextlib.ExitStack() as stack:
+        yield {name: stack.enter_context(_worker_cluster(name)) for name in WORKER_PORT_SHIFTS}
+
+
+@pytest.fixture(scope="module")
+def worker(workers: dict[str, Cluster]) -> Cluster:
+    return workers[WORKER]
+
+
+def _kubeconfig_for_manager(name: str, worker: Cluster) -> str:
+    """The worker's kubeconfig for the manager's Kueue: its ServiceAccount's token."""
     token = worker.kubectl(
         "create",
         "token",
@@ -112,34 +128,48 @@ def _connect(manager: Cluster, worker: Cluster) -> None:
     admin = json.loads(Path(worker.kubeconfig).read_text())
     server = admin["clusters"][0]["cluster"]["server"]
     ca = (Path(worker.kubeconfig).parent / "pki" / "ca.crt").read_bytes()
-    kubeconfig = multikueue.worker_kubeconfig(WORKER, server, ca, token)
-    objects = multikueue.manager_objects(CHECK, {WORKER: kubeconfig})
+    return multikueue.worker_kubeconfig(name, server, ca, token)
+
+
+def _connect(manager: Cluster, check: str, workers: dict[str, Cluster]) -> None:
+    """The manager's Kueue reaches ``workers`` through the admission check ``check``."""
+    kubeconfigs = {name: _kubeconfig_for_manager(name, w) for name, w in workers.items()}
+    objects = multikueue.manager_objects(check, kubeconfigs)
     manager.kubectl("apply", "-f", "-", input=multikueue.as_list(objects))
 
-    def active() -> bool:
-        found = manager.get_json("multikueuecluster", WORKER)
+    def active(name: str) -> bool:
+        found = manager.get_json("multikueuecluster", name)
         return any(
             c["type"] == "Active" and c["status"] == "True"
             for c in (found.get("status") or {}).get("conditions") or ()
         )
 
-    wait_for(f"MultiKueueCluster {WORKER} Active", active, 90)
+    for name in workers:
+        wait_for(f"MultiKueueCluster {name} Active", lambda n=name: active(n), 90)
 
 
 @pytest.fixture(scope="module")
-def worker_operator(worker: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    log_dir = tmp_path_factory.mktemp("worker-operator")
-    operator = launch(worker.kubeconfig, log_dir / "operator.log")
+def worker_operators(
+    workers: dict[str, Cluster], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    """An operator on each worker (as the cluster's admin: the chart's RBAC is
+    the manager's operator's, tested there)."""
+    log_dir = tmp_path_factory.mktemp("worker-operators")
+    started = {
+        name: launch(w.kubeconfig, log_dir / f"{name}-operator.log") for name, w in workers.items()
+    }
     try:
-        operator.wait_ready()
-        yield operator
+        for operator in started.values():
+            operator.wait_ready()
+        yield started
     finally:
-        operator.stop()
+        for operator in started.values():
+            operator.stop()
 
 
-def _queues(objects: KueueObjects, namespace: str, check: str | None) -> str:
+def _queues(objects: KueueObjects, namespace: str, cpu: int, check: str | None) -> str:
     flavor = objects.flavor("default")
-    cq = objects.cluster_queue("mk", [(flavor, {"cpu": 100})])
+    cq = objects.cluster_queue("mk", [(flavor, {"cpu": cpu})])
     if check:
         objects.cluster.kubectl(
             "patch",
@@ -156,8 +186,12 @@ def _queues(objects: KueueObjects, namespace: str, check: str | None) -> str:
 
 @dataclass
 class Dispatch:
-    queue: str  # the LocalQueue, of the same name on both clusters
-    worker_driver: JobDriver
+    queue: str  # the LocalQueue, of the same name on every cluster
+    drivers: dict[str, JobDriver]  # by worker
+
+    @property
+    def worker_driver(self) -> JobDriver:
+        return self.drivers[WORKER]
 
     def spec(self, workers: int) -> dict[str, Any]:
         """A KWOK job MultiKueue runs, in ``queue``."""
@@ -169,23 +203,50 @@ class Dispatch:
         )
 
 
-@pytest.fixture
-def dispatch(
-    cluster: Cluster, kueue: str, worker: Cluster, worker_operator: Any, namespace: str
+@contextlib.contextmanager
+def _dispatching(
+    manager: Cluster,
+    kueue: str,
+    namespace: str,
+    check: str,
+    workers: dict[str, tuple[Cluster, int]],
 ) -> Iterator[Dispatch]:
-    """The manager connected to the worker, the test's namespace on both, a
-    queue on both (the manager's through the MultiKueue check)."""
-    _connect(cluster, worker)
-    worker.kubectl("create", "namespace", namespace)
-    on_manager, on_worker = KueueObjects(cluster, kueue), KueueObjects(worker, kueue)
+    """The manager connected to ``workers`` (each with its CPU quota) through
+    ``check``, the test's namespace on each, a queue on every cluster."""
+    _connect(manager, check, {name: w for name, (w, _) in workers.items()})
+    on_manager = KueueObjects(manager, kueue)
+    on_workers = {name: KueueObjects(w, kueue) for name, (w, _) in workers.items()}
     try:
-        queue = _queues(on_manager, namespace, CHECK)
-        _queues(on_worker, namespace, None)
-        yield Dispatch(queue, JobDriver(worker.api_client()))
+        queue = _queues(on_manager, namespace, 100, check)
+        for name, (w, cpu) in workers.items():
+            w.kubectl("create", "namespace", namespace)
+            _queues(on_workers[name], namespace, cpu, None)
+        yield Dispatch(queue, {name: JobDriver(w.api_client()) for name, (w, _) in workers.items()})
     finally:
         on_manager.cleanup()
-        on_worker.cleanup()
-        worker.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        for name, (w, _) in workers.items():
+            on_workers[name].cleanup()
+            w.kubectl("delete", "namespace", namespace, "--wait=false", check=False, timeout=20)
+
+
+@pytest.fixture
+def dispatch(
+    cluster: Cluster,
+    kueue: str,
+    workers: dict[str, Cluster],
+    worker_operators: Any,
+    namespace: str,
+) -> Iterator[Dispatch]:
+    """A job of the manager goes to worker-1 alone."""
+    with _dispatching(cluster, kueue, namespace, CHECK, {WORKER: (workers[WORKER], 100)}) as found:
+        yield found
+
+
+def _cluster_name(manager: Cluster, namespace: str) -> str | None:
+    """The worker the manager's Workload (the namespace's one) was dispatched to."""
+    listed = manager.get_json("workloads.kueue.x-k8s.io", "-n", namespace)
+    names = [(w.get("status") or {}).get("clusterName") for w in listed["items"]]
+    return names[0] if len(names) == 1 else None
 
 
 def _phase(driver: JobDriver, namespace: str, name: str) -> str | None:
@@ -271,3 +332,73 @@ def test_a_job_deleted_on_the_manager_is_deleted_on_the_worker(
         lambda: dispatch.worker_driver.get(namespace, "gone") is None,
         90,
     )
+
+
+def test_of_two_workers_the_job_goes_to_the_one_with_room(
+    cluster, kueue, workers, worker_operators, shared_operator, job_driver, namespace
+):
+    full, roomy = "worker-1", "worker-2"
+    quotas = {full: (workers[full], 0), roomy: (workers[roomy], 100)}
+    with _dispatching(cluster, kueue, namespace, CHECK_BOTH, quotas) as dispatch:
+        job_driver.create(namespace, "fits", dispatch.spec(workers=1))
+        dispatch.drivers[roomy].wait_running_pods(namespace, "fits", 2)
+        wait_for(
+            f"the manager's Workload dispatched to {roomy}",
+            lambda: _cluster_name(cluster, namespace) == roomy,
+            60,
+        )
+        wait_for(
+            "the worker's Running status on the manager's job",
+            lambda: _phase(job_driver, namespace, "fits") == "Running",
+            60,
+        )
+        # The job was never copied to the full worker (only its Workload, tried there).
+        assert dispatch.drivers[full].get(namespace, "fits") is None
+        assert dispatch.drivers[full].pods(namespace, "fits") == []
+
+
+def test_a_job_whose_worker_stops_is_dispatched_to_the_other(
+    cluster, kueue, workers, worker_operators, shared_operator, job_driver, namespace
+):
+    """Last in the module: it stops a worker's API server (the fixture's
+    teardown stops the rest of that cluster)."""
+    quotas = {name: (w, 100) for name, w in workers.items()}
+    with _dispatching(cluster, kueue, namespace, CHECK_BOTH, quotas) as dispatch:
+        job_driver.create(namespace, "moves", dispatch.spec(workers=0))
+        first = wait_for("the job dispatched", lambda: _cluster_name(cluster, namespace), 60)
+        [other] = [name for name in workers if name != first]
+        dispatch.drivers[first].wait_running_pods(namespace, "moves", 1)
+        root = Path(workers[first].kubeconfig).parent
+        pid = int((root / "run" / "kube-apiserver.pid").read_text())
+        os.kill(pid, signal.SIGTERM)
+        wait_for(
+            f"{first}'s API server gone",
+            lambda: (
+                workers[first].kubectl("get", "--raw", "/readyz", check=False, timeout=5).returncode
+            ),
+            60,
+        )
+        # Kueue keeps the Workload on the lost worker for workerLostTimeout
+        # (dev/cluster/kueue.py: 20 s) once its client gives up on the worker
+        # (its retries back off: about 80 s here), then admits it again, and the
+        # other worker gets the job.
+        wait_for(
+            f"the job copied to {other}",
+            lambda: dispatch.drivers[other].get(namespace, "moves"),
+            240,
+        )
+        # Its first copy there may be one MultiKueue deactivates (the Workload
+        # the manager evicted when the worker was lost) and then replaces.
+        dispatch.drivers[other].wait_running_pods(namespace, "moves", 1, timeout=240)
+        dispatch.drivers[other].wait_phase(namespace, "moves", "Running")
+        wait_for(
+            f"the manager's Workload names {other}",
+            lambda: _cluster_name(cluster, namespace) == other,
+            60,
+        )
+        wait_for(
+            f"{other}'s Running status on the manager's job",
+            lambda: _phase(job_driver, namespace, "moves") == "Running",
+            60,
+        )
+        assert job_driver.pods(namespace, "moves") == []
