@@ -139,10 +139,7 @@ def _connect(manager: Cluster, check: str, workers: dict[str, Cluster]) -> None:
 
     def active(name: str) -> bool:
         found = manager.get_json("multikueuecluster", name)
-        return any(
-            c["type"] == "Active" and c["status"] == "True"
-            for c in (found.get("status") or {}).get("conditions") or ()
-        )
+        return is_true((found.get("status") or {}).get("conditions"), "Active")
 
     for name in workers:
         wait_for(f"MultiKueueCluster {name} Active", lambda n=name: active(n), 90)

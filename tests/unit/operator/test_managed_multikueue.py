@@ -15,6 +15,7 @@ from torchfleet_operator.desired import workload as wl
 from torchfleet_operator.observed import Observed, ObservedWorkload
 from torchfleet_operator.policy import admission
 from torchfleet_operator.reconcile import plan
+from torchfleet_operator.status.conditions import find
 
 from .builders import CONFIG, at, job, observed
 from .test_kueue_admission import ADMITTED, EVICTED, PENDING, QUEUED, kueue, pods_of
@@ -83,8 +84,8 @@ def test_on_the_manager_an_evicted_workload_hands_its_quota_back() -> None:
     [patch] = decided.workload_patches
     assert (patch.name, patch.field_manager) == (EVICTED["metadata"]["name"], "kueue-admission")
     assert patch.field_manager == admission.ADMISSION_FIELD_MANAGER
-    conditions = {x["type"]: x["status"] for x in patch.body["status"]["conditions"]}
-    assert conditions["QuotaReserved"] == "False"
+    reserved = find(patch.body["status"]["conditions"], "QuotaReserved")
+    assert reserved is not None and reserved["status"] == "False"
     assert "admission" not in patch.body["status"]
     assert decided.create == [] and decided.status == {}
     # Its admission checks' states stay (Kueue applies them under the same
@@ -130,7 +131,8 @@ def test_on_the_worker_the_copy_waits_for_the_copied_workload_and_makes_none() -
     assert decided.managed_by is None  # the copy is this operator's to run
     assert decided.create == [] and decided.workload_patches == []
     assert decided.status["phase"] == "Pending"
-    [created] = [x for x in decided.status["conditions"] if x["type"] == "Created"]
+    created = find(decided.status["conditions"], "Created")
+    assert created is not None
     assert PREBUILT in created["message"] and "MultiKueue" in created["message"]
 
 
