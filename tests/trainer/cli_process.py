@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import platform
 import signal
 import socket
 import subprocess
@@ -16,6 +17,7 @@ from pathlib import Path
 from queue import Empty, Queue
 from typing import Any
 
+from tests.fixtures.poll import wait_for
 from tests.fixtures.trainer import trainer_env
 from torchfleet_trainer.launcher import procname
 
@@ -182,3 +184,66 @@ def pending_signals(pid: int) -> set[signal.Signals]:
         if line.startswith(("SigPnd:", "ShdPnd:")):
             mask |= int(line.split()[1], 16)
     return {sig for sig in signal.Signals if mask >> (sig - 1) & 1}
+
+
+# The system call of time.sleep, in which torch's elastic agent spends the time
+# between two looks at its workers (monitor_interval).
+_CLOCK_NANOSLEEP = {"x86_64": 230, "aarch64": 115}
+
+
+def stop_between_looks(agent: int) -> None:
+    """SIGSTOPs a launcher while its agent sleeps between two looks at its
+    workers, so that the first thing it does when continued is a fresh look
+    (its workers' exits first, then the rendezvous). Stopped anywhere else (in
+    the middle of a look, having seen its workers healthy and not yet asked the
+    rendezvous), it would go on from there; it is then let go and tried again."""
+    sleeping = _CLOCK_NANOSLEEP[platform.machine()]
+
+    def stopped_asleep() -> bool:
+        os.kill(agent, signal.SIGSTOP)
+        wait_for("the agent stopped", lambda: _state(agent) == "T", timeout=30, interval=0.005)
+        # The main thread's system call, kept while the signal stop interrupts it.
+        call = Path(f"/proc/{agent}/task/{agent}/syscall").read_text().split()[0]
+        if call == str(sleeping):
+            return True
+        os.kill(agent, signal.SIGCONT)
+        return False
+
+    wait_for(
+        "the agent stopped between two looks at its workers",
+        stopped_asleep,
+        timeout=60,
+        interval=0.013,
+    )
+
+
+def _state(pid: int) -> str:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+def parent_of(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("PPid:"):
+            return int(line.split()[1])
+    raise AssertionError(f"/proc/{pid}/status names no parent")
+
+
+def pipes(pid: int) -> set[str]:
+    """The pipes ``pid`` holds an end of (``pipe:[inode]``)."""
+    found: set[str] = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):  # closed meanwhile
+            target = os.readlink(fd)
+            if target.startswith("pipe:"):
+                found.add(target)
+    return found
+
+
+def shared_pipes(forkserver: int, agent: int) -> set[str]:
+    """The pipes between a launcher's forkserver and its agent. Among them, one
+    per live worker, on which the forkserver writes that worker's exit code once
+    it has reaped it and then closes its end: the agent learns of the exit only
+    from that pipe, so a worker's exit has reached its agent once its pipe is
+    no longer shared (multiprocessing.forkserver)."""
+    return pipes(forkserver) & pipes(agent)

@@ -41,7 +41,15 @@ import pytest
 
 from tests.fixtures.poll import wait_for
 from tests.fixtures.trainer import cpu_description
-from tests.trainer.cli_process import TrainerProcess, free_port, pending_signals, worker_pid
+from tests.trainer.cli_process import (
+    TrainerProcess,
+    free_port,
+    parent_of,
+    pending_signals,
+    shared_pipes,
+    stop_between_looks,
+    worker_pid,
+)
 from tests.trainer.test_strategies import GRAD_NORM_REL_TOL, LOSS_TOL, base, learnable_tokens
 from torchfleet_contract import pod as contract
 from torchfleet_trainer.checkpoint import MARKER, step_dir
@@ -302,9 +310,15 @@ def test_a_node_joining_restarts_the_others_without_counting_a_failure(tmp_path:
     try:
         first_to_log(nodes, 1, world_size=2, timeout=TIMEOUT)
         workers = [worker_pid(node) for node in nodes]
+        forkserver = parent_of(workers[1])
+        with_b_worker = shared_pipes(forkserver, held.proc.pid)
         for pid in workers:  # held while the joiner comes
             os.kill(pid, signal.SIGSTOP)
-        os.kill(held.proc.pid, signal.SIGSTOP)  # B's agent, not its worker
+        # B's agent, not its worker; between two looks at it, so that its next
+        # look sees the exit before the rendezvous (stopped after a look that
+        # found the worker healthy, it would ask the rendezvous next: CI,
+        # 2026-11-29, where it then restarted the round as torch does).
+        stop_between_looks(held.proc.pid)
         nodes.append(TrainerProcess(args, env[2]))
         wait_for(
             "A's agent stopping its worker for the joiner",
@@ -314,12 +328,17 @@ def test_a_node_joining_restarts_the_others_without_counting_a_failure(tmp_path:
         )
         for pid in workers:
             os.kill(pid, signal.SIGCONT)
-        # Reaped by its forkserver, which then tells the agent its exit code.
+        # Reaped by its forkserver, which then writes its exit code to the agent:
+        # the agent is let go once it is there to read, not once the worker is
+        # gone (the forkserver can be descheduled in between on a loaded machine).
         wait_for(
-            "B's worker stopped with the world",
-            lambda: not Path(f"/proc/{workers[1]}").exists(),
+            "B's worker's exit code handed to B's agent",
+            lambda: shared_pipes(forkserver, held.proc.pid) < with_b_worker,
             timeout=TIMEOUT,
             interval=0.05,
+            explain=lambda: (
+                f"B's worker {'lives' if Path(f'/proc/{workers[1]}').exists() else 'is gone'}"
+            ),
         )
         os.kill(held.proc.pid, signal.SIGCONT)
         # The three train on together.
