@@ -158,9 +158,10 @@ class Controller:
         # (status and bookkeeping aside), to recognise that write's own event.
         self._written_over: dict[str, dict[str, Any]] = {}
         self._written_at: dict[str, float] = {}  # by job uid: last status write (monotonic)
-        # Uids of the jobs another controller runs whose event was posted: no
-        # pass of theirs writes a status to remember it by (policy/managed.py).
-        self._left_alone: set[str] = set()
+        # The events posted for each job another controller runs (by uid; each
+        # a reason and key): no pass of theirs writes a status to remember them
+        # by (policy/managed.py), and each is posted once.
+        self._left_alone: dict[str, set[tuple[str, str]]] = {}
         # Uids of jobs the API server says are gone while kopf's index still holds
         # them (_forget_vanished): passed over by snapshot(), forgotten by the loop.
         self._gone: set[str] = set()
@@ -212,7 +213,7 @@ class Controller:
         self._last_status.pop(uid, None)
         self._written_over.pop(uid, None)
         self._written_at.pop(uid, None)
-        self._left_alone.discard(uid)
+        self._left_alone.pop(uid, None)
 
     def _forget_vanished(self, key: JobKey, uid: str) -> None:
         """A job the API server says is gone, though kopf's index still holds it:
@@ -559,16 +560,17 @@ class Controller:
     def _leave_alone(self, key: JobKey, snapshot: Snapshot, decided: Plan) -> float | None:
         """A job another controller runs (spec.managedBy): no status written;
         nothing executed but the Workload MultiKueue needs (policy/managed.py),
-        retried after a refusal; its event posted once (the API server refuses
-        it again after a restart of this operator: EventSpec.once)."""
+        retried after a refusal; each of its events posted once (the API server
+        refuses it again after a restart of this operator: EventSpec.once)."""
         body, delay = snapshot.body, None
         if decided.create or decided.workload_patches:
             result = self.executor.execute(key[0], body, decided)
             delay = self._executed(key, decided, result, snapshot)
-        uid = body["metadata"].get("uid", "")
-        if uid not in self._left_alone:
-            self._left_alone.add(uid)
-            self.executor.post_events(key[0], body, decided.events)
+        posted = self._left_alone.setdefault(body["metadata"].get("uid", ""), set())
+        new = [e for e in decided.events if (e.reason, e.key) not in posted]
+        if new:
+            posted.update((e.reason, e.key) for e in new)
+            self.executor.post_events(key[0], body, new)
         return delay
 
     def _executed(

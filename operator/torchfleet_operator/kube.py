@@ -490,8 +490,8 @@ class Executor:
 
     def _post_event(self, namespace: str, job: dict[str, Any], event: EventSpec, now: str) -> None:
         meta = job["metadata"]
-        # A once-per-job event's name is fixed by the job's uid and the reason.
-        once = f"{meta.get('uid')}.{event.reason.lower()}"
+        # A once-per-job event's name is fixed by the job's uid, the reason and its key.
+        once = f"{meta.get('uid')}.{event.reason.lower()}" + (f".{event.key}" if event.key else "")
         suffix = once if event.once else uuid.uuid4().hex[:16]
         body = {
             "apiVersion": "v1",

@@ -566,6 +566,13 @@ class ObservedWorkload:
         return self.is_true(r.WORKLOAD_EVICTED)
 
     @property
+    def cluster_name(self) -> str | None:
+        """The worker cluster MultiKueue dispatched it to (a manager cluster's
+        Workload; None elsewhere, and while it is dispatched nowhere)."""
+        name = self.status.get("clusterName")
+        return name if isinstance(name, str) and name else None
+
+    @property
     def finished(self) -> bool:
         return self.is_true(r.WORKLOAD_FINISHED)
 

@@ -60,6 +60,10 @@ class EventSpec:
     # server refuses a second (a restarted operator, another replica). For an
     # event no status transition of this operator's marks (policy/managed.py).
     once: bool = False
+    # With ``once``: what tells this event from the job's others of the same
+    # reason (one per MultiKueue dispatch); part of the event's name, so a DNS
+    # subdomain's characters.
+    key: str = ""
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from torchfleet_operator.api.v1alpha1 import TrainingJob, TrainingJobSpec
 from torchfleet_operator.config import OperatorConfig
 from torchfleet_operator.desired import names
 from torchfleet_operator.observed import Observed, ObservedPod
-from torchfleet_operator.planning import FINISHED, Pass, Plan, WorkloadPatch
+from torchfleet_operator.planning import FINISHED, Pass, Plan
 from torchfleet_operator.policy import (
     admission,
     deadline,
@@ -83,20 +83,20 @@ def validation_problem(
 
 def _multikueue_workload(
     manager: str, body: dict[str, Any], observed: Observed, now: datetime, config: OperatorConfig
-) -> tuple[dict[str, Any] | None, list[WorkloadPatch]]:
+) -> managed.ManagerSide:
     """What this operator does with the Workload of a job MultiKueue
     dispatches (on the manager cluster: policy/managed.py), from its spec as a
     pass of its own would plan it; nothing for any other manager, a deleted
     job, or a spec that does not resolve or parse (the worker's operator would
     say why)."""
     if manager != c.MANAGED_BY_MULTIKUEUE or body["metadata"].get("deletionTimestamp"):
-        return None, []
+        return managed.ManagerSide()
     step = Pass(body, {}, observed, now, config)
     resolved = runtime.resolve(step, body)
     if isinstance(resolved, Plan):
-        return None, []
+        return managed.ManagerSide()
     job, _ = validation_problem(resolved.body, resolved.source)
-    return (None, []) if job is None else managed.multikueue_workload(step, job.spec)
+    return managed.ManagerSide() if job is None else managed.multikueue_workload(step, job.spec)
 
 
 def plan(
@@ -110,7 +110,7 @@ def plan(
     manager = managed.manager_elsewhere(body.get("spec"))
     if manager is not None:  # not even a deleted job's status is this operator's
         return managed.left_alone(
-            manager, *_multikueue_workload(manager, body, observed, now, config)
+            manager, _multikueue_workload(manager, body, observed, now, config)
         )
     if body["metadata"].get("deletionTimestamp"):
         # The garbage collector takes the children with it. The status stays

@@ -41,6 +41,7 @@ from torchfleet_operator.api.constants import (
     KUEUE_PREBUILT_WORKLOAD_LABEL,
     MANAGED_BY_MULTIKUEUE,
 )
+from torchfleet_operator.api.reasons import EVENT_DISPATCHED
 from torchfleet_operator.status.conditions import find, is_true
 
 pytestmark = pytest.mark.cluster
@@ -246,6 +247,17 @@ def _cluster_name(manager: Cluster, namespace: str) -> str | None:
     return names[0] if len(names) == 1 else None
 
 
+def _dispatched_to(driver: JobDriver, namespace: str, name: str) -> list[str]:
+    """The worker clusters the operator's events on the manager's job name, in
+    the order they were posted (one event per dispatch)."""
+    events = driver.wait_events(namespace, name, {EVENT_DISPATCHED}, type="Normal")
+    said = sorted(
+        (e for e in events if e["reason"] == EVENT_DISPATCHED),
+        key=lambda e: (e["firstTimestamp"], e["metadata"]["creationTimestamp"]),
+    )
+    return [e["message"].split("worker cluster ", 1)[1].split(" ", 1)[0] for e in said]
+
+
 def _phase(driver: JobDriver, namespace: str, name: str) -> str | None:
     return ((driver.get(namespace, name) or {}).get("status") or {}).get("phase")
 
@@ -283,6 +295,8 @@ def test_a_job_on_the_manager_runs_on_the_worker_and_its_status_comes_back(
     )
     manager_wl = cluster.get_json("workloads.kueue.x-k8s.io", prebuilt, "-n", namespace)
     assert manager_wl["status"].get("clusterName") == WORKER
+    # The manager's job names the worker (its status, the worker's copy, cannot).
+    assert _dispatched_to(job_driver, namespace, "far") == [WORKER]
 
     for pod in worker_driver.pods(namespace, "far"):
         worker_driver.succeed_pod(namespace, pod["metadata"]["name"])
@@ -399,3 +413,9 @@ def test_a_job_whose_worker_stops_is_dispatched_to_the_other(
             60,
         )
         assert job_driver.pods(namespace, "moves") == []
+        wait_for(
+            f"the manager's job saying it went to {first}, then to {other}",
+            lambda: _dispatched_to(job_driver, namespace, "moves") == [first, other],
+            30,
+            explain=lambda: str(_dispatched_to(job_driver, namespace, "moves")),
+        )

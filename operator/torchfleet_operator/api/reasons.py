@@ -124,6 +124,8 @@ EVENT_SCALED_UP: Final = "ScaledUp"
 EVENT_SPEC_NOT_UNDERSTOOD: Final = CONDITION_SPEC_NOT_UNDERSTOOD
 # spec.managedBy names another controller: this operator leaves the job alone.
 EVENT_MANAGED_ELSEWHERE: Final = "ManagedElsewhere"
+# MultiKueue dispatched the job to a worker cluster (the manager's job says which).
+EVENT_DISPATCHED: Final = "DispatchedToCluster"
 
 # Failed reasons that delete every pod whatever cleanPodPolicy says: the job
 # ended for a reason its pods cannot explain further.

@@ -16,16 +16,21 @@ Kueue admits it through the MultiKueue admission check, copies the job and
 the Workload to a worker cluster, mirrors the worker's status into the job
 here, and finishes the Workload when the worker's finishes. On the worker the
 copy arrives without spec.managedBy, so that cluster's operator runs it
-(under the copied Workload: policy/kueue.py).
+(under the copied Workload: policy/kueue.py). The job's status here is the
+worker's copy, which cannot name the worker, so the operator says which
+cluster runs it in an event on the job, once per dispatch.
 """
 
 from __future__ import annotations
 
+import hashlib
+from dataclasses import dataclass
 from typing import Any
 
 from torchfleet_operator.api import constants as c
 from torchfleet_operator.api import reasons as r
 from torchfleet_operator.api.v1alpha1 import TrainingJobSpec
+from torchfleet_operator.observed import ObservedWorkload
 from torchfleet_operator.planning import EventSpec, Pass, Plan, WorkloadPatch
 from torchfleet_operator.policy import admission, kueue
 
@@ -45,40 +50,70 @@ def manager_elsewhere(spec: Any) -> str | None:
     return value
 
 
-def multikueue_workload(
-    step: Pass, spec: TrainingJobSpec
-) -> tuple[dict[str, Any] | None, list[WorkloadPatch]]:
+@dataclass(frozen=True)
+class ManagerSide:
+    """What a pass does for a job MultiKueue dispatches, on the manager cluster."""
+
+    workload: dict[str, Any] | None = None  # the Workload to create
+    workload_patches: tuple[WorkloadPatch, ...] = ()  # writes to the one it has
+    events: tuple[EventSpec, ...] = ()  # which worker cluster runs it
+
+
+def multikueue_workload(step: Pass, spec: TrainingJobSpec) -> ManagerSide:
     """What the operator does with the Workload of a job MultiKueue dispatches,
-    on the manager cluster: the Workload to create (None when it has one, names
-    no queue, or Kueue is not installed), and the writes to the one it has.
-    Made as for a job this operator runs (its pod sets are what the worker's
-    Kueue admits), owned by the job (MultiKueue finds its adapter by the
-    Workload's controller). Evicted (a worker lost, preempted), it gets
-    jobframework's eviction step: the job stopped (here it has no pods) and
-    the quota handed back, so that Kueue queues it again and dispatches it
-    anew; without that it stays evicted with its quota, dispatched nowhere."""
+    on the manager cluster: the Workload to create (none when it has one, names
+    no queue, or Kueue is not installed), the writes to the one it has, and the
+    event naming the worker cluster it was dispatched to. Made as for a job
+    this operator runs (its pod sets are what the worker's Kueue admits),
+    owned by the job (MultiKueue finds its adapter by the Workload's
+    controller). Evicted (a worker lost, preempted), it gets jobframework's
+    eviction step: the job stopped (here it has no pods) and the quota handed
+    back, so that Kueue queues it again and dispatches it anew; without that
+    it stays evicted with its quota, dispatched nowhere."""
     view = step.observed.kueue
     queue = admission.kueue_queue(spec, step.labels)
     if queue is None or view is None or not view.installed:
-        return None, []
+        return ManagerSide()
     workload = view.workload
     if workload is None:
         if view.workload_priority_class and view.workload_priority is None:
-            return None, []  # made once the class exists (its event wakes the job)
-        return kueue.new_workload(step, spec, queue, view, step.config.trainer_image), []
+            return ManagerSide()  # made once the class exists (its event wakes the job)
+        return ManagerSide(
+            workload=kueue.new_workload(step, spec, queue, view, step.config.trainer_image)
+        )
     if workload.evicted and workload.has_reservation and not workload.deleting:
-        return None, [kueue.hand_back(step, workload)]
-    return None, []
+        return ManagerSide(workload_patches=(kueue.hand_back(step, workload),))
+    found = dispatched(workload)
+    return ManagerSide(events=(found,) if found is not None else ())
 
 
-def left_alone(
-    manager: str,
-    workload: dict[str, Any] | None = None,
-    workload_patches: list[WorkloadPatch] | None = None,
-) -> Plan:
+def dispatched(workload: ObservedWorkload) -> EventSpec | None:
+    """The event naming the worker cluster the manager's Workload was admitted
+    to (MultiKueue sets its status.clusterName), once per dispatch: its key is
+    the cluster and the time of that admission, so a job dispatched again (a
+    worker lost, an eviction) gets one more, even to the same cluster."""
+    cluster = workload.cluster_name
+    if cluster is None or not workload.admitted or workload.finished:
+        return None
+    admitted = workload.condition(r.WORKLOAD_ADMITTED) or {}
+    since = str(admitted.get("lastTransitionTime") or "")
+    dispatch = hashlib.sha256(since.encode()).hexdigest()[:10]
+    return EventSpec(
+        "Normal",
+        r.EVENT_DISPATCHED,
+        f"MultiKueue dispatched it to the worker cluster {cluster} (Workload "
+        f"{workload.name}); the status here is that cluster's",
+        once=True,
+        key=f"{cluster}.{dispatch}",
+    )
+
+
+def left_alone(manager: str, side: ManagerSide | None = None) -> Plan:
     """The pass of a job ``manager`` runs: no status, nothing deleted or
     requeued, nothing created or written but MultiKueue's Workload (above);
-    one event naming the manager, posted once per job."""
+    one event naming the manager, posted once per job, and for MultiKueue one
+    per dispatch naming the worker cluster."""
+    side = side or ManagerSide()
     if manager == c.MANAGED_BY_MULTIKUEUE:
         who = "Kueue's MultiKueue runs it on a worker cluster and mirrors its status here"
     else:
@@ -89,7 +124,7 @@ def left_alone(
     )
     return Plan(
         managed_by=manager,
-        create=[workload] if workload is not None else [],
-        workload_patches=list(workload_patches or ()),
-        events=[EventSpec("Normal", r.EVENT_MANAGED_ELSEWHERE, message, once=True)],
+        create=[side.workload] if side.workload is not None else [],
+        workload_patches=list(side.workload_patches),
+        events=[EventSpec("Normal", r.EVENT_MANAGED_ELSEWHERE, message, once=True), *side.events],
     )

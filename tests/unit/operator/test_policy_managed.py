@@ -14,7 +14,7 @@ from torchfleet_operator.api import reasons as r
 from torchfleet_operator.api.parse import parse_training_job
 from torchfleet_operator.controller import Controller, Snapshot
 from torchfleet_operator.kube import Executor
-from torchfleet_operator.observed import Observed
+from torchfleet_operator.observed import KueueView, Observed, ObservedWorkload
 from torchfleet_operator.planning import EventSpec
 from torchfleet_operator.policy.managed import manager_elsewhere
 from torchfleet_operator.reconcile import plan
@@ -137,3 +137,91 @@ def test_the_shell_posts_the_event_once_writes_nothing_and_requeues_nothing() ->
     delays, posted = asyncio.run(passes())
     assert delays == [None, None, None]  # no requeue, not even the resync's
     assert [[e.reason for e in events] for events in posted] == [[r.EVENT_MANAGED_ELSEWHERE]]
+
+
+# ---- which worker cluster runs a MultiKueue job ---------------------------------
+
+
+def _manager_workload(
+    cluster: str | None, admitted_at: str | None = "2026-11-29T01:00:00Z", finished: bool = False
+) -> ObservedWorkload:
+    """The manager's Workload of the job, as MultiKueue leaves it."""
+    conditions = []
+    if admitted_at is not None:
+        for type_ in ("QuotaReserved", "Admitted"):
+            conditions.append({"type": type_, "status": "True", "lastTransitionTime": admitted_at})
+    if finished:
+        conditions.append({"type": "Finished", "status": "True"})
+    status: dict[str, Any] = {"conditions": conditions}
+    if admitted_at is not None:
+        status["admission"] = {"clusterQueue": "cq"}
+    if cluster is not None:
+        status["clusterName"] = cluster
+    return ObservedWorkload({"metadata": {"name": "trainingjob-llm-1a2b3"}, "status": status})
+
+
+def _dispatched_events(workload: ObservedWorkload | None) -> list[EventSpec]:
+    body = job(managedBy=c.MANAGED_BY_MULTIKUEUE, scheduling={"queueName": "team-queue"})
+    seen = Observed(kueue=KueueView(workload=workload))
+    return [e for e in plan(body, seen, at(0), CONFIG).events if e.reason == r.EVENT_DISPATCHED]
+
+
+DISPATCHES = [
+    ("no Workload yet", None, False),
+    ("queued, dispatched nowhere", _manager_workload(None, admitted_at=None), False),
+    ("dispatched: admitted on a worker", _manager_workload("worker-1"), True),
+    ("a cluster named, not admitted yet", _manager_workload("worker-1", admitted_at=None), False),
+    ("finished: said before", _manager_workload("worker-1", finished=True), False),
+]
+
+
+@pytest.mark.parametrize(
+    ("workload", "said"), [row[1:] for row in DISPATCHES], ids=[r[0] for r in DISPATCHES]
+)
+def test_the_manager_says_which_worker_cluster_runs_the_job(
+    workload: ObservedWorkload | None, said: bool
+) -> None:
+    events = _dispatched_events(workload)
+    assert len(events) == int(said), events
+    if said:
+        [event] = events
+        assert (event.type, event.once) == ("Normal", True)
+        assert "worker cluster worker-1 (Workload trainingjob-llm-1a2b3)" in event.message
+        assert event.key.startswith("worker-1.")
+
+
+def test_each_dispatch_is_said_once_even_to_the_same_cluster_again() -> None:
+    first = _dispatched_events(_manager_workload("worker-1"))
+    again = _dispatched_events(_manager_workload("worker-1"))
+    moved = _dispatched_events(_manager_workload("worker-2", "2026-11-29T01:05:00Z"))
+    back = _dispatched_events(_manager_workload("worker-1", "2026-11-29T01:09:00Z"))
+    keys = [events[0].key for events in (first, again, moved, back)]
+    assert keys[0] == keys[1]  # the same dispatch: one event name
+    assert len({keys[0], keys[2], keys[3]}) == 3, keys
+
+
+def test_the_shell_posts_each_dispatch_once() -> None:
+    workloads = [
+        None,
+        _manager_workload("worker-1"),
+        _manager_workload("worker-1"),
+        _manager_workload("worker-2", "2026-11-29T01:05:00Z"),
+    ]
+
+    async def passes() -> list[list[EventSpec]]:
+        executor = _EventsOnly()
+        controller = Controller(CONFIG, executor)
+        body = job(managedBy=c.MANAGED_BY_MULTIKUEUE, scheduling={"queueName": "team-queue"})
+        body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team-queue"}
+        for workload in workloads[1:]:  # the Workload exists: nothing to create
+            observed = Observed(kueue=KueueView(workload=workload))
+            controller.reconcile(("team", "llm"), Snapshot(body=body, observed=observed))
+        await controller.stop()
+        return executor.posted
+
+    posted = asyncio.run(passes())
+    said = [[(e.reason, e.key.split(".")[0]) for e in events] for events in posted]
+    assert said == [
+        [(r.EVENT_MANAGED_ELSEWHERE, ""), (r.EVENT_DISPATCHED, "worker-1")],
+        [(r.EVENT_DISPATCHED, "worker-2")],
+    ]
