@@ -345,6 +345,63 @@ def test_a_job_deleted_on_the_manager_is_deleted_on_the_worker(
     )
 
 
+def _manager_workload(manager: Cluster, namespace: str) -> dict[str, Any] | None:
+    listed = manager.get_json("workloads.kueue.x-k8s.io", "-n", namespace)["items"]
+    return listed[0] if len(listed) == 1 else None
+
+
+def test_a_job_suspended_on_the_manager_leaves_the_worker_and_comes_back_on_resume(
+    cluster, dispatch, shared_operator, job_driver, namespace
+):
+    """spec.suspend on the manager, as on one cluster: the operator deactivates
+    the manager's Workload, Kueue evicts it, the operator hands its quota back
+    and MultiKueue removes the worker's copy; resumed, the Workload is active
+    again, admitted and dispatched anew: a new copy runs on the worker."""
+    worker_driver = dispatch.worker_driver
+    job_driver.create(namespace, "pause", dispatch.spec(workers=0))
+    worker_driver.wait_running_pods(namespace, "pause", 1)
+    first = worker_driver.get(namespace, "pause")["metadata"]["uid"]
+
+    job_driver.patch(namespace, "pause", {"spec": {"suspend": True}})
+    wait_for(
+        "the worker's copy removed",
+        lambda: worker_driver.get(namespace, "pause") is None,
+        90,
+        explain=lambda: json.dumps(_manager_workload(cluster, namespace), indent=1)[-3000:],
+    )
+    wait_for(
+        "the manager's Workload inactive, its quota handed back",
+        lambda: (
+            (wl := _manager_workload(cluster, namespace))
+            and wl["spec"].get("active") is False
+            and not (wl.get("status") or {}).get("admission")
+        ),
+        60,
+    )
+    assert worker_driver.pods(namespace, "pause") == []
+
+    job_driver.patch(namespace, "pause", {"spec": {"suspend": False}})
+    again = wait_for(
+        "a new copy on the worker",
+        lambda: (
+            (found := worker_driver.get(namespace, "pause"))
+            and found["metadata"]["uid"] != first
+            and found
+        ),
+        120,
+        explain=lambda: json.dumps(_manager_workload(cluster, namespace), indent=1)[-3000:],
+    )
+    assert "suspend" not in again["spec"] or again["spec"]["suspend"] is False
+    worker_driver.wait_running_pods(namespace, "pause", 1)
+    wait_for(
+        "both dispatches said on the manager's job",
+        lambda: _dispatched_to(job_driver, namespace, "pause") == [WORKER, WORKER],
+        30,
+        explain=lambda: str(_dispatched_to(job_driver, namespace, "pause")),
+    )
+    assert job_driver.pods(namespace, "pause") == []
+
+
 def test_of_two_workers_the_job_goes_to_the_one_with_room(
     cluster, kueue, workers, worker_operators, shared_operator, job_driver, namespace
 ):

@@ -48,7 +48,7 @@ def gate(
     workload = _current_workload(step, spec, queue, view, image)
     if workload is None:
         return None
-    if not workload.active and workload.annotation(workload_builder.SUSPENDED_ANNOTATION):
+    if resumed_by_job(workload):
         # The job was resumed: its Workload goes back into the queue, in its place.
         _activate(step, workload, True)
     _mirror(step, workload)
@@ -209,9 +209,18 @@ def _stale(workload: ObservedWorkload, step: Pass, spec: TrainingJobSpec, image:
 
 
 def _activate(step: Pass, workload: ObservedWorkload, active: bool) -> None:
-    step.plan.workload_patches.append(
-        WorkloadPatch(workload.name, workload_builder.activation(workload.manifest, active))
-    )
+    step.plan.workload_patches.append(activation(workload, active))
+
+
+def activation(workload: ObservedWorkload, active: bool) -> WorkloadPatch:
+    """The write that (de)activates the Workload for the job's spec.suspend."""
+    return WorkloadPatch(workload.name, workload_builder.activation(workload.manifest, active))
+
+
+def resumed_by_job(workload: ObservedWorkload) -> bool:
+    """Inactive because the job was suspended (not by someone else), and so
+    the job's to activate again once it is resumed."""
+    return not workload.active and bool(workload.annotation(workload_builder.SUSPENDED_ANNOTATION))
 
 
 def suspended(

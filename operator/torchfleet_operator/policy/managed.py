@@ -62,7 +62,8 @@ class ManagerSide:
 def multikueue_workload(step: Pass, spec: TrainingJobSpec) -> ManagerSide:
     """What the operator does with the Workload of a job MultiKueue dispatches,
     on the manager cluster: the Workload to create (none when it has one, names
-    no queue, or Kueue is not installed), the writes to the one it has, and the
+    no queue, or Kueue is not installed), the writes to the one it has (its
+    activation for spec.suspend, its quota handed back once evicted), and the
     event naming the worker cluster it was dispatched to. Made as for a job
     this operator runs (its pod sets are what the worker's Kueue admits),
     owned by the job (MultiKueue finds its adapter by the Workload's
@@ -81,10 +82,21 @@ def multikueue_workload(step: Pass, spec: TrainingJobSpec) -> ManagerSide:
         return ManagerSide(
             workload=kueue.new_workload(step, spec, queue, view, step.config.trainer_image)
         )
-    if workload.evicted and workload.has_reservation and not workload.deleting:
-        return ManagerSide(workload_patches=(kueue.hand_back(step, workload),))
-    found = dispatched(workload)
-    return ManagerSide(events=(found,) if found is not None else ())
+    if workload.deleting:
+        return ManagerSide()
+    patches: list[WorkloadPatch] = []
+    # spec.suspend as for a job this operator runs: the Workload deactivated
+    # (Kueue evicts it, and MultiKueue removes the worker's copy once its
+    # quota is handed back below), and activated again on resume, to be
+    # dispatched anew.
+    if spec.suspend and workload.active:
+        patches.append(kueue.activation(workload, False))
+    elif not spec.suspend and kueue.resumed_by_job(workload):
+        patches.append(kueue.activation(workload, True))
+    if workload.evicted and workload.has_reservation:
+        patches.append(kueue.hand_back(step, workload))
+    found = None if spec.suspend else dispatched(workload)
+    return ManagerSide(workload_patches=tuple(patches), events=(found,) if found else ())
 
 
 def dispatched(workload: ObservedWorkload) -> EventSpec | None:

@@ -4,6 +4,7 @@ the others (policy/managed.py, applied first in reconcile.plan)."""
 from __future__ import annotations
 
 import asyncio
+import copy
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from torchfleet_operator.api import constants as c
 from torchfleet_operator.api import reasons as r
 from torchfleet_operator.api.parse import parse_training_job
 from torchfleet_operator.controller import Controller, Snapshot
+from torchfleet_operator.desired.workload import SUSPENDED_ANNOTATION
 from torchfleet_operator.kube import Executor
 from torchfleet_operator.observed import KueueView, Observed, ObservedWorkload
 from torchfleet_operator.planning import EventSpec
@@ -225,3 +227,67 @@ def test_the_shell_posts_each_dispatch_once() -> None:
         [(r.EVENT_MANAGED_ELSEWHERE, ""), (r.EVENT_DISPATCHED, "worker-1")],
         [(r.EVENT_DISPATCHED, "worker-2")],
     ]
+
+
+# ---- spec.suspend on the manager --------------------------------------------------
+
+
+def _with(workload: ObservedWorkload, active: bool = True, **status: Any) -> ObservedWorkload:
+    manifest = copy.deepcopy(workload.manifest)
+    manifest["apiVersion"] = "kueue.x-k8s.io/v1beta2"
+    manifest["spec"] = {"active": active}
+    if not active and status.pop("by_job", True):
+        manifest["metadata"]["annotations"] = {SUSPENDED_ANNOTATION: "true"}
+    for type_ in status.pop("conditions", ()):
+        manifest["status"]["conditions"].append({"type": type_, "status": "True"})
+    return ObservedWorkload(manifest)
+
+
+SUSPENDS = [
+    # suspended while it runs on a worker: the Workload deactivated, nothing said
+    ("suspended, running", True, _with(_manager_workload("worker-1")), [False], False),
+    # Kueue evicted it (Deactivated): its quota handed back, so MultiKueue removes the copy
+    (
+        "suspended, evicted",
+        True,
+        _with(_manager_workload("worker-1"), active=False, conditions=["Evicted"]),
+        ["hand back"],
+        False,
+    ),
+    # suspended, quota back, nothing left to do
+    ("suspended, idle", True, _with(_manager_workload(None, None), active=False), [], False),
+    # resumed: the job's own deactivation undone, to be dispatched anew
+    ("resumed", False, _with(_manager_workload(None, None), active=False), [True], False),
+    # deactivated by someone else (no mark of the job's): left as it is
+    (
+        "deactivated by another",
+        False,
+        _with(_manager_workload(None, None), active=False, by_job=False),
+        [],
+        False,
+    ),
+    # running and not suspended: only the dispatch is said
+    ("running", False, _with(_manager_workload("worker-1")), [], True),
+]
+
+
+@pytest.mark.parametrize(
+    ("suspend", "workload", "writes", "said"),
+    [row[1:] for row in SUSPENDS],
+    ids=[row[0] for row in SUSPENDS],
+)
+def test_suspend_on_the_manager_deactivates_the_workload(
+    suspend: bool, workload: ObservedWorkload, writes: list[Any], said: bool
+) -> None:
+    body = job(
+        managedBy=c.MANAGED_BY_MULTIKUEUE, suspend=suspend, scheduling={"queueName": "team-queue"}
+    )
+    decided = plan(body, Observed(kueue=KueueView(workload=workload)), at(0), CONFIG)
+    done = [
+        "hand back" if p.field_manager else p.body["spec"]["active"]
+        for p in decided.workload_patches
+    ]
+    assert done == writes
+    assert all(p.name == workload.name for p in decided.workload_patches)
+    assert decided.status == {} and decided.create == []
+    assert any(e.reason == r.EVENT_DISPATCHED for e in decided.events) == said
