@@ -20,6 +20,9 @@ from .cgroups import NodeCgroups
 log = logging.getLogger("nodeagent.pod")
 
 RESTART_BACKOFF_SECONDS = 1.0
+# How often a pod waiting for a missing ConfigMap or Secret looks again (the
+# kubelet retries its volume mounts on a back-off starting near this).
+MISSING_SOURCE_RETRY_SECONDS = 1.0
 # The API server's default terminationMessagePath.
 TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 # A pod directory's start time (ns since the epoch), written whole when it starts.
@@ -91,6 +94,10 @@ class PodRunner:
         self.runs: list[runtime.ContainerRun] = []
         self.started_at = runtime.now_rfc3339()
         self.failure: str | None = None
+        # A ConfigMap or Secret the pod needs and the API server does not have
+        # yet (podspec.SourceMissing): the pod waits, looked at again from tick().
+        self.missing: podspec.SourceMissing | None = None
+        self._next_look = 0.0
         self.stopped = False
         # The node's CPU throttle (1.0: none), applied to each container's quota.
         self.cpu_throttle = 1.0
@@ -121,14 +128,31 @@ class PodRunner:
         nss = host_nss.read_text() if host_nss.exists() else ""
         (self.pod_dir / "nsswitch.conf").write_text(runtime.files_only_nsswitch(nss))
         self.sandbox.write_hosts(hosts_content(ip))
+        if self._prepare():
+            self.tick()
+
+    def _prepare(self) -> bool:
+        """The pod's containers, made from its spec; False while a source it
+        needs is missing (it waits) or when it cannot run here (it fails, with a
+        message naming the field)."""
+        workdir = str(self.pod_dir / "workdir")
+        spec = self.pod["spec"]
         try:
-            self.init_runs = self._runs(spec.get("initContainers") or [], str(workdir))
-            self.runs = self._runs(spec.get("containers") or [], str(workdir))
+            self.init_runs = self._runs(spec.get("initContainers") or [], workdir)
+            self.runs = self._runs(spec.get("containers") or [], workdir)
+        except podspec.SourceMissing as error:
+            if str(self.missing) != str(error):
+                log.info("pod %s waits: %s", self.key, error)
+            self.missing = error
+            self._next_look = time.monotonic() + MISSING_SOURCE_RETRY_SECONDS
+            return False
         except (podspec.PodSpecError, OSError) as error:
+            self.missing = None
             self.failure = str(error)
             log.warning("pod %s cannot run here: %s", self.key, error)
-            return
-        self.tick()
+            return False
+        self.missing = None
+        return True
 
     def _with_ip(self) -> dict[str, Any]:
         assert self.net is not None
@@ -211,6 +235,8 @@ class PodRunner:
     def phase(self) -> str:
         if self.failure is not None:
             return "Failed"
+        if self.missing is not None:
+            return "Pending"
         init_failed = (
             any(run.exit_code not in (None, 0) for run in self.init_runs)
             and self.restart_policy == "Never"
@@ -228,6 +254,13 @@ class PodRunner:
         """Polls processes and starts what is due; True if the status changed."""
         if self.failure is not None or self.stopped or self.sandbox is None:
             return False
+        if self.missing is not None:
+            if time.monotonic() < self._next_look:
+                return False
+            waited = str(self.missing)
+            if not self._prepare():
+                return str(self.missing) != waited  # failed, or waits for another source
+            log.info("pod %s: what it waited for exists (%s)", self.key, waited)
         changed = False
         for run in self.init_runs + self.runs:
             if runtime.poll_container(run):
@@ -312,7 +345,8 @@ class PodRunner:
         status["containerStatuses"] = [self._container_status(r) for r in self.runs]
         if self.init_runs:
             status["initContainerStatuses"] = [self._container_status(r) for r in self.init_runs]
-        if self.failure is not None and not self.runs:
+        waiting = self._waiting()
+        if waiting is not None and not self.runs:
             status["containerStatuses"] = [
                 {
                     "name": c["name"],
@@ -321,13 +355,22 @@ class PodRunner:
                     "ready": False,
                     "restartCount": 0,
                     "started": False,
-                    "state": {
-                        "waiting": {"reason": "CreateContainerConfigError", "message": self.failure}
-                    },
+                    "state": {"waiting": waiting},
                 }
                 for c in self.pod["spec"].get("containers") or []
             ]
         return status
+
+    def _waiting(self) -> dict[str, str] | None:
+        """Why the containers were never made, as the kubelet says it: a volume's
+        source missing keeps them ContainerCreating, an env source's is a
+        CreateContainerConfigError (both retried); a spec this node cannot run
+        is a CreateContainerConfigError for good (the pod failed)."""
+        if self.failure is not None:
+            return {"reason": "CreateContainerConfigError", "message": self.failure}
+        if self.missing is None:
+            return None
+        return {"reason": self.missing.reason, "message": str(self.missing)}
 
     def _container_status(self, run: runtime.ContainerRun) -> dict[str, Any]:
         image = next(

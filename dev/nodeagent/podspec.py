@@ -25,6 +25,17 @@ class PodSpecError(ValueError):
     """The pod asks for something this node cannot provide; names the field."""
 
 
+class SourceMissing(PodSpecError):
+    """A ConfigMap or Secret the pod needs (not optional) does not exist yet. The
+    kubelet keeps such a pod waiting (ContainerCreating, a FailedMount event;
+    CreateContainerConfigError for an env source) and looks again, since it
+    may be created after the pod: so does the agent (pod.py)."""
+
+    def __init__(self, message: str, reason: str = "ContainerCreating") -> None:
+        super().__init__(message)
+        self.reason = reason  # the containers' waiting reason meanwhile
+
+
 @dataclass(frozen=True)
 class Mount:
     """One mount inside the pod's private mount namespace."""
@@ -173,7 +184,10 @@ def container_env(
         if "valueFrom" in var and var["valueFrom"] is not None:
             value = _value_from(pod, container, var["valueFrom"], lookup_config, lookup_secret)
             if value is None:
-                raise PodSpecError(f"{where} ({var['name']}): referenced key not found")
+                raise SourceMissing(
+                    f"{where} ({var['name']}): referenced key not found",
+                    "CreateContainerConfigError",
+                )
         else:
             value = expand_refs(str(var.get("value") or ""), env)
         env[var["name"]] = value
@@ -194,7 +208,9 @@ def _env_from(
             if data is None:
                 if ref.get("optional"):
                     return {}
-                raise PodSpecError(f"envFrom.{kind} {ref['name']!r} not found")
+                raise SourceMissing(
+                    f"envFrom.{kind} {ref['name']!r} not found", "CreateContainerConfigError"
+                )
             return {prefix + key: value for key, value in data.items()}
     return {}
 
@@ -298,12 +314,12 @@ def _projected_files(
         if data is None:
             if ref.get("optional"):
                 continue
-            raise PodSpecError(f"{where}: {kind} {ref['name']!r} not found")
+            raise SourceMissing(f"{where}: {kind} {ref['name']!r} not found")
         items = ref.get("items")
         if items:
             for item in items:
                 if item["key"] not in data:
-                    raise PodSpecError(
+                    raise SourceMissing(
                         f"{where}: {kind} {ref['name']!r} has no key {item['key']!r}"
                     )
                 files[item["path"]] = data[item["key"]]

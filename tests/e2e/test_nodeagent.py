@@ -234,6 +234,41 @@ def test_volumes_pvc_emptydir_shm_and_configmap(cluster, namespace, node_agent):
     assert not Path("/scratch/tmp").exists()
 
 
+def test_a_pod_waits_for_a_configmap_created_after_it(cluster, namespace, node_agent):
+    """As a kubelet does: a pod whose ConfigMap volume does not exist yet waits
+    (Pending, its container ContainerCreating, naming the ConfigMap) and runs
+    once the ConfigMap is created (torchfleet run creates the job before the
+    ConfigMap of its code). Before, the agent failed it at once."""
+    volumes = [{"name": "code", "configMap": {"name": "late-code"}}]
+    mounts = [{"name": "code", "mountPath": "/code"}]
+    code = 'print("code", open("/code/train.py").read())'
+    apply(
+        cluster,
+        namespace,
+        python_pod("late", code, volumes=volumes, container={"volumeMounts": mounts}),
+    )
+
+    def waiting() -> dict[str, Any] | None:
+        status = get_pod(cluster, namespace, "late").get("status") or {}
+        states = [c["state"] for c in status.get("containerStatuses") or ()]
+        return states[0].get("waiting") if states and status.get("phase") == "Pending" else None
+
+    said = wait_for("the pod waiting for its ConfigMap", waiting, 60)
+    assert said["reason"] == "ContainerCreating", said
+    assert "configMap 'late-code' not found" in said["message"], said
+    config = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "late-code"},
+        "data": {"train.py": "print('hello')"},
+    }
+    apply(cluster, namespace, config)
+    done = wait_phase(cluster, namespace, "late", {"Succeeded", "Failed"})
+    log = node_agent.logs(namespace, "late", "main")[0]
+    assert done["status"]["phase"] == "Succeeded", log
+    assert "code print('hello')" in log
+
+
 def test_deleting_a_pod_stops_its_processes(cluster, namespace, node_agent):
     code = """
         import os, signal, sys, time

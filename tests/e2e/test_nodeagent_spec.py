@@ -93,8 +93,10 @@ def test_missing_config_key_names_the_variable():
         "name": "trainer",
         "env": [{"name": "X", "valueFrom": {"configMapKeyRef": {"name": "gone", "key": "k"}}}],
     }
-    with pytest.raises(podspec.PodSpecError, match=r"env\[0\] \(X\)"):
+    with pytest.raises(podspec.SourceMissing, match=r"env\[0\] \(X\)") as missing:
         env_of(container)
+    # The kubelet retries it: the pod waits, its container CreateContainerConfigError.
+    assert missing.value.reason == "CreateContainerConfigError"
 
 
 def test_volumes_map_to_local_places(tmp_path: Path):
