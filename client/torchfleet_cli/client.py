@@ -1,5 +1,5 @@
 """The Python client: ``Client().run(...)`` packs a script, creates its
-ConfigMap and TrainingJob, and returns a :class:`Job` handle with ``status``
+TrainingJob and then the ConfigMap the job owns, and returns a :class:`Job` handle with ``status``
 (the CRD's own pydantic models), ``wait()``, ``logs()`` and ``delete()``.
 
 The only module here that talks to the API server (the kubernetes client);
@@ -136,9 +136,10 @@ class Client:
         namespace: str | None = None,
         runtime: str | None = None,
     ) -> Job:
-        """Packs the script (or a small folder, running ``entry``) into a
-        ConfigMap, creates a TrainingJob that runs it with torchrun on
-        ``nodes`` pods, and makes the job the ConfigMap's owner. ``runtime``
+        """Creates a TrainingJob that runs the script (or a small folder,
+        running ``entry``) with torchrun on ``nodes`` pods, then the
+        ConfigMap holding it, owned by the job; a ConfigMap the API server
+        refuses deletes the job again. ``runtime``
         (``NAME`` or ``KIND/NAME``) names the runtime the job takes the rest
         from (image, pod templates, scheduling: :func:`manifest.training_job`)."""
         namespace = namespace or self.namespace
@@ -156,22 +157,20 @@ class Client:
             tolerations=tolerations,
             runtime=manifest.runtime_ref(runtime) if runtime else None,
         )
-        configmap = manifest.code_configmap(name, package)
-        # The code first, so that no pod ever waits for its volume; the owner
-        # reference once the job (and its uid) exists.
-        self.core.create_namespaced_config_map(namespace, configmap)
-        try:
-            created = self.custom.create_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, body
-            )
-        except Exception:
-            self.core.delete_namespaced_config_map(configmap["metadata"]["name"], namespace)
-            raise
-        self.core.patch_namespaced_config_map(
-            configmap["metadata"]["name"],
-            namespace,
-            {"metadata": {"ownerReferences": [manifest.owner_reference(created)]}},
+        # The job first, then its code owned by it from its first instant: a
+        # command that dies in between leaves a job (listed, deleted with its
+        # pods as any) and never a ConfigMap that nothing owns. A pod made in
+        # that instant waits for its volume, as the kubelet waits for a
+        # missing ConfigMap.
+        created = self.custom.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, body
         )
+        configmap = manifest.code_configmap(name, package, owner=created)
+        try:
+            self.core.create_namespaced_config_map(namespace, configmap)
+        except BaseException:  # Ctrl-C too: no job is left without its code
+            self.delete(name, namespace)
+            raise
         return Job(self, name, namespace)
 
     def get(self, name: str, namespace: str | None = None) -> Job:

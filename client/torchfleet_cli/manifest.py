@@ -130,13 +130,17 @@ def training_job(
     return body
 
 
-def code_configmap(job: str, package: Package) -> dict[str, Any]:
-    """The ConfigMap holding the packed code (its owner reference is added once
-    the job exists: :func:`owner_reference`)."""
+def code_configmap(job: str, package: Package, owner: dict[str, Any]) -> dict[str, Any]:
+    """The ConfigMap holding the packed code, owned by the created job
+    ``owner`` (:func:`owner_reference`): deleting the job deletes it."""
     body: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": code_configmap_name(job), "labels": {JOB_NAME_LABEL: job}},
+        "metadata": {
+            "name": code_configmap_name(job),
+            "labels": {JOB_NAME_LABEL: job},
+            "ownerReferences": [owner_reference(owner)],
+        },
         "data": package.data,
     }
     if package.binary_data:

@@ -3,7 +3,8 @@ user runs it (the installed console script, a subprocess): ``run --detach``
 packs the script into a ConfigMap the job owns and creates the job, the
 operator makes its pods; ``ls -o json`` lists it; ``describe`` shows its
 phase; ``delete`` removes the job and the garbage collector its code; ``run
---runtime`` gives only the code and the size, the runtime the rest."""
+--runtime`` gives only the code and the size, the runtime the rest; the code
+is created after its job, owned by it, and a refused one takes the job away."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.cluster.test_runtimes import Runtimes, runtime_spec
+from tests.fixtures.cluster import audit_log
 from tests.fixtures.poll import wait_for
 from torchfleet_operator.api.constants import CLUSTER_RUNTIME_KIND
 
@@ -108,6 +110,67 @@ def test_run_ls_describe_delete(
         lambda: job_driver.get_core(namespace, "configmaps", "cli-code") is None,
         timeout=90,
     )
+
+
+def test_the_code_is_created_after_its_job_and_owned_by_it_from_the_start(
+    cluster: Any, shared_operator: Any, job_driver: Any, namespace: str, script: Path
+) -> None:
+    """Wherever the command dies, it leaves no ConfigMap that nothing owns: the
+    API server's audit log shows the job created first and the code's one
+    write a create that already names its owner (no owner patched in later)."""
+    log = audit_log(cluster)
+    if log is None:
+        pytest.skip("another cluster's API server audit log is not ours to read")
+    torchfleet(cluster, namespace, "run", str(script), "--name", "owned", "--detach")
+    # Seconds after the command exited: whatever it wrote is logged by then.
+    job_driver.wait_phase(namespace, "owned", "Running")
+    writes = _writes_of(log, namespace, {("trainingjobs", "owned"), ("configmaps", "owned-code")})
+    seen = [(w["verb"], w["objectRef"]["resource"], w["requestReceivedTimestamp"]) for w in writes]
+    code_writes = [w for w in writes if w["objectRef"]["resource"] == "configmaps"]
+    assert [w["verb"] for w in code_writes] == ["create"], seen
+    [job_create] = [
+        w for w in writes if w["objectRef"]["resource"] == "trainingjobs" and w["verb"] == "create"
+    ]
+    assert job_create["stageTimestamp"] <= code_writes[0]["requestReceivedTimestamp"], seen
+    job = job_driver.get(namespace, "owned")
+    code = job_driver.get_core(namespace, "configmaps", "owned-code")
+    assert [owner["uid"] for owner in code["metadata"]["ownerReferences"]] == [
+        job["metadata"]["uid"]
+    ]
+
+
+def test_a_refused_code_configmap_takes_its_job_away_again(
+    cluster: Any, shared_operator: Any, job_driver: Any, namespace: str, script: Path
+) -> None:
+    """The API server refuses the code (a ConfigMap of that name is someone
+    else's): the command says so, exits 1 and deletes the job it created,
+    leaving the other ConfigMap as it was."""
+    cluster.kubectl("create", "configmap", "taken-code", "-n", namespace, "--from-literal=a=b")
+    out = subprocess.run(
+        [str(TORCHFLEET), "run", "--kubeconfig", cluster.kubeconfig, "-n", namespace,
+         str(script), "--name", "taken", "--detach"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 1, out
+    assert 'Error from server (Conflict): configmaps "taken-code" already exists' in out.stderr
+    wait_for("the job taken deleted again", lambda: job_driver.get(namespace, "taken") is None)
+    theirs = job_driver.get_core(namespace, "configmaps", "taken-code")
+    assert theirs["data"] == {"a": "b"} and "ownerReferences" not in theirs["metadata"], theirs
+
+
+def _writes_of(log: Path, namespace: str, objects: set[tuple[str, str]]) -> list[dict[str, Any]]:
+    """The audit log's completed writes to ``objects`` ((resource, name)) in
+    ``namespace``, subresources (a status) left out."""
+    events = (json.loads(line) for line in log.read_text().splitlines() if namespace in line)
+    return [
+        e
+        for e in events
+        if e.get("stage") == "ResponseComplete"
+        and e["verb"] in ("create", "update", "patch", "delete")
+        and (ref := e.get("objectRef") or {}).get("namespace") == namespace
+        and (ref.get("resource"), ref.get("name")) in objects
+        and not ref.get("subresource")
+    ]
 
 
 def test_run_on_a_runtime_gives_only_the_code_and_the_size(
