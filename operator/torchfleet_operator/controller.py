@@ -20,6 +20,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
 from torchfleet_operator import metrics
 from torchfleet_operator.api.constants import (
     KUEUE_PREBUILT_WORKLOAD_LABEL,
@@ -30,6 +33,7 @@ from torchfleet_operator.api.constants import (
 from torchfleet_operator.api.parse import read_status
 from torchfleet_operator.config import OperatorConfig
 from torchfleet_operator.desired.names import checkpoint_claim_name
+from torchfleet_operator.desired.podgroup import NATIVE_API, NATIVE_GROUP
 from torchfleet_operator.desired.workload import KUEUE_API, WORKLOAD_CRD, workload_priority_class
 from torchfleet_operator.informer import PodInformer
 from torchfleet_operator.kube import ApiFailure, ExecutionResult, Executor, RawApi
@@ -42,6 +46,7 @@ from torchfleet_operator.observed import (
     ObservedPod,
     ObservedRuntime,
     current_pod_group,
+    jobs_pod_groups,
 )
 from torchfleet_operator.planning import Plan
 from torchfleet_operator.policy import runtime
@@ -58,6 +63,9 @@ log = logging.getLogger(__name__)
 
 # How long a create/delete may go unseen by the watch before it is forgotten.
 EXPECTATION_SECONDS = 60.0
+# Kinds whose 404 on create may mean the served scheduling.k8s.io version
+# changed (a gang scheduler's PodGroup too: discovery costs two GETs).
+NATIVE_KINDS = ("PodGroup", "Workload")
 
 
 @dataclass
@@ -141,6 +149,9 @@ class Controller:
         self.leading = asyncio.Event()
         self.executor = executor
         self.caches = Caches()
+        # The scheduling.k8s.io version of Kubernetes' gang objects the API
+        # server serves (discover_native_api), until discovery has answered.
+        self.native_api = NATIVE_API
         # Its list calls are not the reconciler's: not in api_requests_total.
         uncounted = RawApi(executor.raw.api, counted=False)
         self.pod_informer = PodInformer(uncounted, namespaces, self.pod_changed)
@@ -261,6 +272,23 @@ class Controller:
 
     async def _listed(self, plural: str, namespace: str) -> set[str] | None:
         return await asyncio.to_thread(self.executor.uids, plural, namespace)
+
+    def discover_native_api(self) -> None:
+        """Asks the API server which scheduling.k8s.io version of Kubernetes'
+        own gang objects it serves (blocking: at start-up, and after the API
+        server answered 404 for them, as across an upgrade from 1.36 to 1.37).
+        Served by none, or unanswered: the version in use stays, and the job's
+        condition names the refusal (PodGroupCRDMissing)."""
+        try:
+            found = self.executor.native_api()
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+            log.warning("discovery of %s failed: %s", NATIVE_GROUP, exc)
+            return
+        if found is None:
+            log.info("%s serves no Workload API this operator writes", NATIVE_GROUP)
+        elif found != self.native_api:
+            log.info("Kubernetes' gang scheduling: %s", found)
+            self.native_api = found
 
     def start(self) -> None:
         """Workers start at once but pass nothing until this replica leads; kopf's
@@ -412,6 +440,8 @@ class Controller:
             saved_checkpoint=self.pod_informer.index.saved.get(key),
             kueue=self._kueue_view(key, body, uid, found_runtime),
             pod_group=current_pod_group(self.caches.pod_groups.get(key) or (), uid),
+            pod_groups=jobs_pod_groups(self.caches.pod_groups.get(key) or (), uid),
+            native_api=self.native_api,
             runtime=found_runtime,
         )
         return Snapshot(body=body, observed=observed)
@@ -582,6 +612,8 @@ class Controller:
         delay = decided.requeue_after
         if held:  # wake up when the first refused child may be retried
             delay = _sooner(delay, max(0.0, min(held.values()) - time.monotonic()) + 0.05)
+        if any(f.kind in NATIVE_KINDS and f.code == 404 for f in result.failures):
+            self.discover_native_api()  # the server no longer serves the version in use
         if result.failures:
             backoff = self._api_backoff(key)
             delay = _sooner(delay, backoff)

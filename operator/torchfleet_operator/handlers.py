@@ -10,6 +10,7 @@ keeps them.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -27,7 +28,7 @@ from torchfleet_operator.api.constants import (
 )
 from torchfleet_operator.controller import Controller, cached_job, runtime_key
 from torchfleet_operator.desired.labels import JOB_NAME_LABEL
-from torchfleet_operator.desired.podgroup import NATIVE_API
+from torchfleet_operator.desired.podgroup import NATIVE_GROUP
 from torchfleet_operator.desired.workload import (
     KUEUE_GROUP,
     WORKLOAD_CRD,
@@ -47,7 +48,6 @@ from torchfleet_operator.policy import runtime
 CHILD = {JOB_NAME_LABEL: kopf.PRESENT}
 # Kueue's API. Its CRDs may be absent: kopf serves these handlers once they
 # appear (it watches CRDs), and until then the jobs that need Kueue wait.
-NATIVE_GROUP, NATIVE_VERSION = NATIVE_API.split("/")
 # Kueue's objects are watched in the version the cluster prefers (no version in
 # the selector: kopf takes the preferred one from discovery): v1beta1 on Kueue
 # 0.10, v1beta2 on 0.15+. The Workloads it writes use the same (tf_kueue_crd).
@@ -102,11 +102,16 @@ async def start(
     caches.priorities, caches.kueue_crds = indices["tf_priorities"], indices["tf_kueue_crd"]
     caches.workload_priorities = indices["tf_workload_priorities"]
     caches.pod_groups = _Both(
-        indices["tf_coscheduling_groups"], indices["tf_volcano_groups"], indices["tf_native_groups"]
+        indices["tf_coscheduling_groups"],
+        indices["tf_volcano_groups"],
+        indices["tf_native_groups"],
+        indices["tf_native_groups_v1alpha2"],
     )
     caches.runtimes = indices["tf_runtimes"]
     caches.cluster_runtimes = indices["tf_cluster_runtimes"]
     caches.runtime_users = indices["tf_runtime_users"]
+    # Before the first pass: which version of Kubernetes' gang objects to write.
+    await asyncio.to_thread(controller.discover_native_api)
     controller.start()
 
 
@@ -202,10 +207,18 @@ async def tf_volcano_groups(namespace: str | None, labels: kopf.Labels, **kw: An
     return _pod_group_entry(namespace, labels, kw["body"])
 
 
-# Kubernetes' own (scheduling.k8s.io/v1alpha2): kopf finds it only where the
-# API server serves that alpha group (feature gate GenericWorkload).
-@kopf.index(NATIVE_GROUP, NATIVE_VERSION, "podgroups", labels=CHILD)
+# Kubernetes' own, in each version the operator writes (desired/podgroup.py's
+# NATIVE_VERSIONS): kopf watches one only where the API server serves it
+# (feature gate GenericWorkload). A version-less selector would not do: kopf
+# then takes the group's preferred version, scheduling.k8s.io/v1, which has no
+# PodGroups.
+@kopf.index(NATIVE_GROUP, "v1beta1", "podgroups", labels=CHILD)
 async def tf_native_groups(namespace: str | None, labels: kopf.Labels, **kw: Any) -> Any:
+    return _pod_group_entry(namespace, labels, kw["body"])
+
+
+@kopf.index(NATIVE_GROUP, "v1alpha2", "podgroups", labels=CHILD)
+async def tf_native_groups_v1alpha2(namespace: str | None, labels: kopf.Labels, **kw: Any) -> Any:
     return _pod_group_entry(namespace, labels, kw["body"])
 
 
@@ -319,8 +332,15 @@ async def volcano_group_changed(
     _controller(memo).enqueue(_key(namespace, labels[JOB_NAME_LABEL]))
 
 
-@kopf.on.event(NATIVE_GROUP, NATIVE_VERSION, "podgroups", labels=CHILD)
+@kopf.on.event(NATIVE_GROUP, "v1beta1", "podgroups", labels=CHILD)
 async def native_group_changed(
+    namespace: str | None, labels: kopf.Labels, memo: Any, **_: Any
+) -> None:
+    _controller(memo).enqueue(_key(namespace, labels[JOB_NAME_LABEL]))
+
+
+@kopf.on.event(NATIVE_GROUP, "v1alpha2", "podgroups", labels=CHILD)
+async def native_group_changed_v1alpha2(
     namespace: str | None, labels: kopf.Labels, memo: Any, **_: Any
 ) -> None:
     _controller(memo).enqueue(_key(namespace, labels[JOB_NAME_LABEL]))

@@ -40,6 +40,12 @@ from kubernetes.client.exceptions import ApiException
 from torchfleet_operator import metrics
 from torchfleet_operator.api.constants import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from torchfleet_operator.desired.labels import NODE_RANK_LABEL
+from torchfleet_operator.desired.podgroup import (
+    NATIVE_GROUP,
+    NATIVE_VERSIONS,
+    preferred_native_api,
+    serves_gang,
+)
 from torchfleet_operator.planning import ChildRef, EventSpec, Plan, WorkloadPatch
 
 log = logging.getLogger(__name__)
@@ -263,7 +269,9 @@ class Executor:
         then every other pod at once.
         """
         result = ExecutionResult()
-        deleted = self._fan_out([partial(self._delete_pod, namespace, ref) for ref in plan.delete])
+        deleted = self._fan_out(
+            [partial(self._delete_child, namespace, ref) for ref in plan.delete]
+        )
         result.deleted = deleted.count(None)
         result.failures.extend(f for f in deleted if f is not None)
         first = [m for m in plan.create if m["kind"] != "Pod"]
@@ -373,27 +381,29 @@ class Executor:
                 return self._failure("create", manifest["kind"], manifest["metadata"]["name"], exc)
         return None  # anything else: the real creates report it
 
-    def _delete_pod(self, namespace: str, ref: ChildRef) -> ApiFailure | None:
+    def _delete_child(self, namespace: str, ref: ChildRef) -> ApiFailure | None:
+        """A pod, or a finished gang generation's PodGroup."""
         body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
         if ref.uid:
-            # Only this incarnation: never a newer pod that reuses the name.
+            # Only this incarnation: never a newer one that reuses the name.
             body["preconditions"] = {"uid": ref.uid}
         if ref.grace_period_seconds is not None:
             body["gracePeriodSeconds"] = ref.grace_period_seconds
         try:
             self.raw.request(
                 "DELETE",
-                f"{collection_path('v1', 'Pod', namespace)}/{ref.name}",
+                f"{collection_path(ref.api_version, ref.kind, namespace)}/{ref.name}",
                 body,
                 decode=False,
             )
         except ApiException as exc:
-            # 404: already gone. 409: the uid precondition failed, so the pod
-            # under that name is a newer one and is not ours to delete.
+            # 404: already gone. 409: the uid precondition failed, so the
+            # object under that name is a newer one and is not ours to delete.
             if exc.status in (404, 409):
                 return None
-            return self._failure("delete", "Pod", ref.name, exc)
-        metrics.PODS_DELETED.inc()
+            return self._failure("delete", ref.kind, ref.name, exc)
+        if ref.kind == "Pod":
+            metrics.PODS_DELETED.inc()
         return None
 
     def _patch_workload(self, namespace: str, patch: WorkloadPatch) -> ApiFailure | None:
@@ -449,6 +459,24 @@ class Executor:
             log.warning("list %s in %s failed: %s", plural, namespace, exc)
             return None
         return {item["metadata"]["uid"] for item in listed.get("items") or ()}
+
+    def native_api(self) -> str | None:
+        """Discovery: the scheduling.k8s.io version of Kubernetes' own gang
+        objects (Workload, PodGroup) this API server serves, the most preferred
+        the operator writes; None when it serves none of them. A lookup that
+        fails for another reason than 404 raises: not served is not concluded
+        from an unanswered question."""
+        served = []
+        for version in NATIVE_VERSIONS:
+            try:
+                found = self.raw.request("GET", f"/apis/{NATIVE_GROUP}/{version}")
+            except ApiException as exc:
+                if exc.status == 404:
+                    continue
+                raise
+            if serves_gang(found):
+                served.append(version)
+        return preferred_native_api(served)
 
     def _delete_job(self, namespace: str, name: str) -> ApiFailure | None:
         try:

@@ -19,6 +19,7 @@ from torchfleet_contract import pod as contract
 from torchfleet_operator.api import reasons as r
 from torchfleet_operator.api.constants import TRAINER_CONTAINER_NAME
 from torchfleet_operator.desired.labels import NODE_RANK_LABEL, RESTART_LABEL, ROLE_LABEL
+from torchfleet_operator.desired.podgroup import NATIVE_API
 from torchfleet_operator.desired.workload import KUEUE_API
 
 # A termination message (with FallbackToLogsOnError: the log's tail) is cut to
@@ -401,8 +402,9 @@ KIND_OF_GROUP = {
     "scheduling.volcano.sh": "Volcano",
     "scheduling.k8s.io": "Kubernetes",
 }
-# kube-scheduler's verdict on a whole gang (scheduling.k8s.io/v1alpha2).
-NATIVE_SCHEDULED_CONDITION = "PodGroupScheduled"
+# kube-scheduler's verdict on a whole gang: its condition type in
+# scheduling.k8s.io/v1beta1 (1.37; True once, and then for good) and v1alpha2.
+NATIVE_SCHEDULED_CONDITIONS = ("PodGroupInitiallyScheduled", "PodGroupScheduled")
 _POD_GROUP_TEXT_CHARS = 1024
 
 
@@ -421,6 +423,13 @@ class ObservedPodGroup:
     owner_uid: str | None = None
     # Kubernetes: the gang generation the group is for (one group per generation).
     generation: int = 0
+    # Kubernetes: which object it is (to delete a finished generation's
+    # group), and whether its deletion has begun (PodGroup protection holds it while pods
+    # of its gang are active).
+    name: str | None = None
+    api_version: str | None = None
+    uid: str | None = None
+    deleting: bool = False
 
     @classmethod
     def from_manifest(cls, group: dict[str, Any]) -> ObservedPodGroup | None:
@@ -443,6 +452,10 @@ class ObservedPodGroup:
             if native
             else _group_unschedulable(conditions),
             generation=generation if generation and generation > 0 else 0,
+            name=_group_text(meta.get("name")) if native else None,
+            api_version=str(group.get("apiVersion")) if native else None,
+            uid=_group_text(meta.get("uid")) if native else None,
+            deleting=native and bool(meta.get("deletionTimestamp")),
             owner_uid=next(
                 (r.get("uid") for r in meta.get("ownerReferences") or () if r.get("controller")),
                 None,
@@ -457,11 +470,14 @@ def _group_text(value: Any) -> str | None:
 def current_pod_group(groups: Iterable[ObservedPodGroup], job_uid: str) -> ObservedPodGroup | None:
     """The job's PodGroup: one it controls (or that names no controller), and
     of Kubernetes' groups, one per gang generation, the newest."""
-    return max(
-        (g for g in groups if g.owner_uid in (job_uid, None)),
-        key=lambda g: g.generation,
-        default=None,
-    )
+    return max(jobs_pod_groups(groups, job_uid), key=lambda g: g.generation, default=None)
+
+
+def jobs_pod_groups(
+    groups: Iterable[ObservedPodGroup], job_uid: str
+) -> tuple[ObservedPodGroup, ...]:
+    """The job's PodGroups: those it controls, or that name no controller."""
+    return tuple(g for g in groups if g.owner_uid in (job_uid, None))
 
 
 def _native_scheduled(conditions: Any) -> dict[str, Any] | None:
@@ -469,7 +485,7 @@ def _native_scheduled(conditions: Any) -> dict[str, Any] | None:
         (
             c
             for c in (conditions if isinstance(conditions, list) else ())
-            if isinstance(c, dict) and c.get("type") == NATIVE_SCHEDULED_CONDITION
+            if isinstance(c, dict) and c.get("type") in NATIVE_SCHEDULED_CONDITIONS
         ),
         None,
     )
@@ -479,7 +495,7 @@ def _native_refusal(condition: dict[str, Any] | None) -> str | None:
     if condition is None or condition.get("status") != "False":
         return None
     parts = [_group_text(condition.get("reason")), _group_text(condition.get("message"))]
-    return ": ".join(p for p in parts if p) or NATIVE_SCHEDULED_CONDITION
+    return ": ".join(p for p in parts if p) or str(condition.get("type"))
 
 
 def _group_unschedulable(conditions: Any) -> str | None:
@@ -658,6 +674,11 @@ class Observed:
     kueue: KueueView | None = None
     # The job's PodGroup (gang scheduling), when its CRD exists and it was seen.
     pod_group: ObservedPodGroup | None = None
+    # All of the job's PodGroups seen: Kubernetes' has one per gang generation.
+    pod_groups: tuple[ObservedPodGroup, ...] = ()
+    # The scheduling.k8s.io version of Kubernetes' own gang objects the cluster
+    # serves (discovery; podGroup: Kubernetes).
+    native_api: str = NATIVE_API
     # The runtime the job's spec.runtimeRef names, as the watch last saw it
     # (None: not found, or no runtimeRef). Read only until status records it.
     runtime: ObservedRuntime | None = None

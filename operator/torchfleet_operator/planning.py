@@ -49,6 +49,7 @@ class ChildRef:
     name: str
     uid: str | None = None
     grace_period_seconds: int | None = None
+    api_version: str = "v1"
 
 
 @dataclass(frozen=True)

@@ -211,6 +211,7 @@ def _next_gang(
     restart = restarts.gang(step.status)
     # The old generation must be gone before its names are reused.
     step.delete_pods(stale)
+    finish.release_finished_groups(step, restart)
     elastic.resize(step, desired, surplus)
     replaced = [p for p in current if p.deleting and elastic.replaced_alone(spec, p)]
     failure.force_delete_on_lost_nodes(step, replaced)

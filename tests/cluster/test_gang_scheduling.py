@@ -14,14 +14,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
-from tests.fixtures.gang import BLOCK_LABEL, GPU, SCHEDULER_NAME, GangPool, need
+from tests.fixtures.gang import BLOCK_LABEL, GPU, SCHEDULER_NAME, GangPool, NativeGang, need
 from torchfleet_operator.status.conditions import find
 
 GANG_KINDS = ["Coscheduling", "Volcano"]
-# kube-scheduler's own gang scheduling (1.36 alpha: feature gates GenericWorkload
-# and GangScheduling, which the local cluster turns on). Run only where the
-# two core gang tests need it: each kind adds its own seconds to `make test`.
+# kube-scheduler's own gang scheduling (1.37 beta, scheduling.k8s.io/v1beta1,
+# feature gate GenericWorkload; 1.36 alpha, v1alpha2: the local cluster turns
+# them on). Its version is the release's (fixture native_gang).
 NATIVE = "Kubernetes"
 WITH_NATIVE = [*GANG_KINDS, NATIVE]
 SCHEDULER = {**SCHEDULER_NAME, NATIVE: "default-scheduler"}
@@ -29,7 +30,7 @@ PODGROUP_PATH = {
     "Coscheduling": "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{ns}/podgroups/{name}",
     "Volcano": "/apis/scheduling.volcano.sh/v1beta1/namespaces/{ns}/podgroups/{name}",
     # One group per gang generation: {name} is the job's and its restart count.
-    NATIVE: "/apis/scheduling.k8s.io/v1alpha2/namespaces/{ns}/podgroups/{name}-gen-0",
+    NATIVE: "/apis/{api}/namespaces/{ns}/podgroups/{name}-gen-0",
 }
 
 
@@ -107,12 +108,17 @@ def wait_gang_placed(
     return pods
 
 
-def native_refusal_mirrored(job_driver: Any, namespace: str, name: str) -> dict[str, Any] | None:
-    """kube-scheduler's PodGroupScheduled=False, once the job's GangScheduled
-    condition carries its reason and words."""
-    path = PODGROUP_PATH[NATIVE].format(ns=namespace, name=name)
-    group = job_driver.raw.request("GET", path)
-    said = find((group.get("status") or {}).get("conditions"), "PodGroupScheduled")
+def group_path(kind: str, namespace: str, name: str, native: NativeGang) -> str:
+    return PODGROUP_PATH[kind].format(ns=namespace, name=name, api=native.api)
+
+
+def native_refusal_mirrored(
+    job_driver: Any, namespace: str, name: str, native: NativeGang
+) -> dict[str, Any] | None:
+    """kube-scheduler's PodGroup(Initially)Scheduled=False, once the job's
+    GangScheduled condition carries its reason and words."""
+    group = job_driver.raw.request("GET", group_path(NATIVE, namespace, name, native))
+    said = find((group.get("status") or {}).get("conditions"), native.scheduled_condition)
     condition = gang_condition(job_driver, namespace, name)
     if not said or said["status"] != "False" or not condition:
         return None
@@ -164,7 +170,7 @@ def scheduled_by(job_driver: Any, namespace: str, pod: dict[str, Any]) -> set[st
 
 @pytest.mark.parametrize("kind", WITH_NATIVE)
 def test_gang_binds_no_pod_until_all_fit_then_all_together(
-    kind, gang_schedulers, shared_operator, job_driver, cluster, namespace, gang_pool
+    kind, gang_schedulers, shared_operator, job_driver, cluster, namespace, gang_pool, native_gang
 ):
     need_scheduler(gang_schedulers, kind)
     blockers = start_blockers(cluster, job_driver, gang_pool, namespace, 2)
@@ -174,14 +180,14 @@ def test_gang_binds_no_pod_until_all_fit_then_all_together(
     assert bound(job_driver.pods(namespace, "gang")) == []  # none holds a GPU
     assert "0 of 3 pods placed" in condition["message"], condition
     assert kind in condition["message"], condition
-    group = job_driver.raw.request("GET", PODGROUP_PATH[kind].format(ns=namespace, name="gang"))
+    group = job_driver.raw.request("GET", group_path(kind, namespace, "gang", native_gang))
     if kind == NATIVE:
         # No minResources: kube-scheduler tries the whole gang on the nodes at
-        # once, and says why it refused in the group's PodGroupScheduled.
+        # once, and says why it refused in the group's condition.
         assert group["spec"]["schedulingPolicy"] == {"gang": {"minCount": 3}}
         said = job_driver.wait_for(
             "the group's refusal in the job's condition",
-            lambda: native_refusal_mirrored(job_driver, namespace, "gang"),
+            lambda: native_refusal_mirrored(job_driver, namespace, "gang", native_gang),
         )
         assert said["reason"] == "Unschedulable", said
     else:
@@ -258,7 +264,7 @@ def test_gang_scheduler_runs_one_gang_whole_and_holds_the_other_back(
 
 @pytest.mark.parametrize("kind", WITH_NATIVE)
 def test_gang_restart_is_scheduled_as_a_whole_again(
-    kind, gang_schedulers, shared_operator, job_driver, cluster, namespace, gang_pool
+    kind, gang_schedulers, shared_operator, job_driver, cluster, namespace, gang_pool, native_gang
 ):
     need_scheduler(gang_schedulers, kind)
     job_driver.create(namespace, "gang", gang_spec(gang_pool, kind))
@@ -276,10 +282,62 @@ def test_gang_restart_is_scheduled_as_a_whole_again(
         assert reporters == {SCHEDULER[kind]}, reporters
     if kind == NATIVE:  # the new generation's own group placed it
         assert {p["spec"]["schedulingGroup"]["podGroupName"] for p in pods} == {"gang-gen-1"}
-        path = PODGROUP_PATH[kind].format(ns=namespace, name="gang").replace("gen-0", "gen-1")
+        path = group_path(kind, namespace, "gang", native_gang).replace("gen-0", "gen-1")
         group = job_driver.raw.request("GET", path)
-        said = find(group["status"]["conditions"], "PodGroupScheduled")
+        said = find(group["status"]["conditions"], native_gang.scheduled_condition)
         assert said["status"] == "True", group["status"]
+
+
+def native_group_gone(job_driver: Any, path: str) -> bool:
+    """The PodGroup at ``path`` is gone (its protection finalizer released)."""
+    try:
+        job_driver.raw.request("GET", path)
+    except ApiException as exc:
+        if exc.status == 404:
+            return True
+        raise
+    return False
+
+
+def test_native_groups_have_the_jobs_priority_and_go_with_their_generation(
+    shared_operator, job_driver, cluster, namespace, gang_pool, native_gang
+):
+    """Kubernetes' own: each generation's PodGroup carries the job's priority
+    class (1.37: the API server's Priority admission resolves its value), and
+    is deleted once its generation is over: after a gang restart, the old
+    one; after the job finished, the last one. The job's Workload stays."""
+    high = f"gang-high-{namespace[-6:]}"
+    priority_class = {
+        "apiVersion": "scheduling.k8s.io/v1",
+        "kind": "PriorityClass",
+        "metadata": {"name": high},
+        "value": 1000,
+    }
+    job_driver.raw.request("POST", "/apis/scheduling.k8s.io/v1/priorityclasses", priority_class)
+    try:
+        job = gang_spec(gang_pool, NATIVE, priorityClassName=high)
+        job_driver.create(namespace, "gang", job)
+        wait_gang_placed(job_driver, namespace, "gang")
+        first = group_path(NATIVE, namespace, "gang", native_gang)
+        group = job_driver.raw.request("GET", first)
+        if native_gang.api.endswith("/v1beta1"):
+            assert (group["spec"]["priorityClassName"], group["spec"]["priority"]) == (high, 1000)
+        else:  # 1.36: the field needs the alpha gate WorkloadAwarePreemption
+            assert "priorityClassName" not in group["spec"], group["spec"]
+
+        job_driver.fail_pod(namespace, "gang-worker-0", exit_code=1)
+        wait_gang_placed(job_driver, namespace, "gang", restart=1)
+        job_driver.wait_for("gang-gen-0 deleted", lambda: native_group_gone(job_driver, first))
+        second = first.replace("gen-0", "gen-1")
+        assert job_driver.raw.request("GET", second)["metadata"].get("deletionTimestamp") is None
+
+        job_driver.succeed_pod(namespace, "gang-master-0")
+        job_driver.wait_phase(namespace, "gang", "Succeeded")
+        job_driver.wait_for("gang-gen-1 deleted", lambda: native_group_gone(job_driver, second))
+        workload = f"/apis/{native_gang.api}/namespaces/{namespace}/workloads/gang"
+        assert job_driver.raw.request("GET", workload)["metadata"]["name"] == "gang"
+    finally:
+        job_driver.raw.request("DELETE", f"/apis/scheduling.k8s.io/v1/priorityclasses/{high}")
 
 
 # ---- 3b. an elastic gang: minMember is minNodes -----------------------------------
@@ -287,7 +345,7 @@ def test_gang_restart_is_scheduled_as_a_whole_again(
 
 @pytest.mark.parametrize("kind", WITH_NATIVE)
 def test_an_elastic_gang_starts_on_min_nodes_and_the_rest_join_when_room_appears(
-    kind, gang_schedulers, shared_operator, job_driver, cluster, namespace, gang_pool
+    kind, gang_schedulers, shared_operator, job_driver, cluster, namespace, gang_pool, native_gang
 ):
     need_scheduler(gang_schedulers, kind)
     blockers = start_blockers(cluster, job_driver, gang_pool, namespace, 2)
@@ -304,7 +362,7 @@ def test_an_elastic_gang_starts_on_min_nodes_and_the_rest_join_when_room_appears
         return placed if len(placed) == 2 and len(waiting) == 2 else None
 
     placed = job_driver.wait_for("two pods placed, two refused", two_placed_two_refused, 90)
-    group = job_driver.raw.request("GET", PODGROUP_PATH[kind].format(ns=namespace, name="elastic"))
+    group = job_driver.raw.request("GET", group_path(kind, namespace, "elastic", native_gang))
     if kind == NATIVE:
         assert group["spec"]["schedulingPolicy"] == {"gang": {"minCount": 2}}
     else:

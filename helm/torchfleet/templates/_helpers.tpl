@@ -101,7 +101,8 @@ operator makes (operator/torchfleet_operator/handlers.py and kube.py):
   kube-scheduler's own (scheduling.k8s.io), and watched (by label) so the
   job's status mirrors the gang's placement. With scheduling.k8s.io the job's
   gang Workload is also created, and listed by name when a create answers 409
-  (is it this job's?); it is never watched.
+  (is it this job's?); it is never watched. Its PodGroups (one per gang
+  generation) are deleted once their generation is over.
 - workloads (Kueue): a queued job's Workload is created and watched; its
   status is server-side applied to clear an evicted job's reservation and to
   mark a finished job's Workload Finished; its spec.active is patched to follow
@@ -139,6 +140,9 @@ operator makes (operator/torchfleet_operator/handlers.py and kube.py):
 - apiGroups: ["scheduling.k8s.io"]
   resources: ["workloads"]
   verbs: ["list", "create"]
+- apiGroups: ["scheduling.k8s.io"]
+  resources: ["podgroups"]
+  verbs: ["delete"]
 {{- end }}
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]

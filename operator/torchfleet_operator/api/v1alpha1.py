@@ -640,7 +640,8 @@ class SchedulingSpec(ApiModel):
         "None",
         description="Gang scheduling: the PodGroup kind created for the job, with "
         "minMember = every pod. Coscheduling: scheduling.x-k8s.io; Volcano: "
-        "scheduling.volcano.sh; Kubernetes: kube-scheduler's own (scheduling.k8s.io/v1alpha2).",
+        "scheduling.volcano.sh; Kubernetes: kube-scheduler's own (scheduling.k8s.io/v1beta1 on "
+        "Kubernetes 1.37, v1alpha2 on 1.36: the one the cluster serves).",
     )
     schedule_timeout_seconds: int | None = Field(
         None,

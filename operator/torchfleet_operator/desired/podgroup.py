@@ -7,19 +7,23 @@ sidecars included), so the gang scheduler can refuse a gang that cannot fit
 before it binds any pod of it. An elastic job's gang is its minNodes: it
 trains with that many, so the scheduler binds them without waiting for the rest.
 
-Kubernetes' own gang scheduling (1.36, scheduling.k8s.io/v1alpha2, alpha gates
-GenericWorkload and GangScheduling) has two objects: the job's Workload, whose
-one podGroupTemplate holds the gang policy (minCount), and a PodGroup made from
-that template, which is what kube-scheduler reads. The operator makes one
-PodGroup per gang generation (restart count), so a restarted gang is placed as
-a whole again by a group that has never seen the old pods; pods join it with
-spec.schedulingGroup.podGroupName. It has no minResources: kube-scheduler
-tries the whole gang on the nodes at once.
+Kubernetes' own gang scheduling (KEP-4671) has two objects: the job's
+Workload, whose one podGroupTemplate holds the gang policy (minCount), and a
+PodGroup made from that template, which is what kube-scheduler reads. The
+operator makes one PodGroup per gang generation (restart count), so a
+restarted gang is placed as a whole again by a group that has never seen the
+old pods; pods join it with spec.schedulingGroup.podGroupName. It has no
+minResources: kube-scheduler tries the whole gang on the nodes at once. Its
+API version is the one the cluster serves (``preferred_native_api``, from
+discovery): 1.37's scheduling.k8s.io/v1beta1 (beta, feature gate
+GenericWorkload) or 1.36's v1alpha2 (alpha, gates GenericWorkload and
+GangScheduling), whose PodGroup names its template differently.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from fractions import Fraction
 from typing import Any
 
@@ -30,7 +34,14 @@ from torchfleet_operator.desired.resources import container_resources
 
 COSCHEDULING_API = "scheduling.x-k8s.io/v1alpha1"
 VOLCANO_API = "scheduling.volcano.sh/v1beta1"
-NATIVE_API = "scheduling.k8s.io/v1alpha2"
+NATIVE_GROUP = "scheduling.k8s.io"
+# The Workload/PodGroup API versions this builder writes, most preferred first:
+# 1.37's beta and 1.36's alpha (the oldest supported).
+NATIVE_VERSIONS = ("v1beta1", "v1alpha2")
+# Before discovery has answered: the newest.
+NATIVE_API = f"{NATIVE_GROUP}/{NATIVE_VERSIONS[0]}"
+# What a served version must hold (discovery's resource names).
+NATIVE_RESOURCES = frozenset({"podgroups", "workloads"})
 # The Workload's only podGroupTemplate: the whole gang.
 NATIVE_TEMPLATE = "gang"
 # How pods name their group, per scheduler.
@@ -46,20 +57,41 @@ def scheduler_name(spec: TrainingJobSpec) -> str | None:
     return spec.scheduling.resolved_scheduler_name
 
 
+def preferred_native_api(served: Iterable[str]) -> str | None:
+    """The Workload/PodGroup apiVersion to use, given the versions of
+    scheduling.k8s.io whose discovery lists both resources: the most preferred
+    one this builder knows (None: none of them)."""
+    served = set(served)
+    return next((f"{NATIVE_GROUP}/{v}" for v in NATIVE_VERSIONS if v in served), None)
+
+
+def serves_gang(resources: Any) -> bool:
+    """Whether a discovery document (``/apis/scheduling.k8s.io/<version>``, an
+    APIResourceList) lists the Workload and PodGroup resources."""
+    listed = resources.get("resources") if isinstance(resources, dict) else None
+    plurals = {r.get("name") for r in listed or () if isinstance(r, dict)}
+    return plurals >= NATIVE_RESOURCES
+
+
 def gang_objects(
-    job: str, namespace: str, uid: str, spec: TrainingJobSpec, restart: int
+    job: str,
+    namespace: str,
+    uid: str,
+    spec: TrainingJobSpec,
+    restart: int,
+    native_api: str = NATIVE_API,
 ) -> list[dict[str, Any]]:
     """What the scheduler needs before the gang's pods: none, a PodGroup, or
-    for Kubernetes the generation's PodGroup and the job's Workload. The
-    PodGroup comes first: when the API group is not served, its 404 is the
-    refusal the job's condition names (PodGroupCRDMissing)."""
+    for Kubernetes the generation's PodGroup and the job's Workload, in
+    ``native_api``. The PodGroup comes first: when the API group is not
+    served, its 404 is the refusal the job's condition names (PodGroupCRDMissing)."""
     kind = spec.scheduling.pod_group
     if kind == "None":
         return []
     if kind == "Kubernetes":
         return [
-            _native_pod_group(job, namespace, uid, spec, restart),
-            native_workload(job, namespace, uid, spec),
+            _native_pod_group(job, namespace, uid, spec, restart, native_api),
+            native_workload(job, namespace, uid, spec, native_api),
         ]
     return [pod_group(job, namespace, uid, spec)]
 
@@ -73,19 +105,32 @@ def _metadata(name: str, job: str, namespace: str, uid: str) -> dict[str, Any]:
     }
 
 
-def native_workload(job: str, namespace: str, uid: str, spec: TrainingJobSpec) -> dict[str, Any]:
-    """The job's scheduling.k8s.io Workload: one gang template of min_members."""
+def native_workload(
+    job: str, namespace: str, uid: str, spec: TrainingJobSpec, api_version: str = NATIVE_API
+) -> dict[str, Any]:
+    """The job's scheduling.k8s.io Workload: one gang template of min_members
+    (the same shape in both versions)."""
+    template = {"name": NATIVE_TEMPLATE, "schedulingPolicy": _gang_policy(spec)}
     return {
-        "apiVersion": NATIVE_API,
+        "apiVersion": api_version,
         "kind": "Workload",
         "metadata": _metadata(names.podgroup_name(job), job, namespace, uid),
         "spec": {
             "controllerRef": {"apiGroup": GROUP, "kind": KIND, "name": job},
-            "podGroupTemplates": [
-                {"name": NATIVE_TEMPLATE, "schedulingPolicy": _gang_policy(spec)}
-            ],
+            "podGroupTemplates": [{**template, **_native_priority(spec, api_version)}],
         },
     }
+
+
+def _native_priority(spec: TrainingJobSpec, api_version: str) -> dict[str, str]:
+    """The job's priority class, as its pods have it (the API server's Priority
+    admission resolves a PodGroup's priority from it). v1alpha2 (1.36) accepts
+    the field only with the alpha gate WorkloadAwarePreemption, which the
+    operator cannot see: there the group has none."""
+    name = spec.scheduling.priority_class_name
+    if not name or api_version == f"{NATIVE_GROUP}/v1alpha2":
+        return {}
+    return {"priorityClassName": name}
 
 
 def native_pod_group_name(job: str, restart: int) -> str:
@@ -95,10 +140,17 @@ def native_pod_group_name(job: str, restart: int) -> str:
 
 
 def _native_pod_group(
-    job: str, namespace: str, uid: str, spec: TrainingJobSpec, restart: int
+    job: str, namespace: str, uid: str, spec: TrainingJobSpec, restart: int, api_version: str
 ) -> dict[str, Any]:
+    workload = names.podgroup_name(job)
+    reference: dict[str, Any]
+    if api_version == f"{NATIVE_GROUP}/v1alpha2":
+        template = {"workloadName": workload, "podGroupTemplateName": NATIVE_TEMPLATE}
+        reference = {"podGroupTemplateRef": {"workload": template}}
+    else:  # v1beta1: spec.workloadRef
+        reference = {"workloadRef": {"workloadName": workload, "templateName": NATIVE_TEMPLATE}}
     return {
-        "apiVersion": NATIVE_API,
+        "apiVersion": api_version,
         "kind": "PodGroup",
         "metadata": {
             **_metadata(native_pod_group_name(job, restart), job, namespace, uid),
@@ -106,13 +158,9 @@ def _native_pod_group(
             "labels": {**labels.common_labels(job), labels.RESTART_LABEL: str(restart)},
         },
         "spec": {
-            "podGroupTemplateRef": {
-                "workload": {
-                    "workloadName": names.podgroup_name(job),
-                    "podGroupTemplateName": NATIVE_TEMPLATE,
-                }
-            },
+            **reference,
             "schedulingPolicy": _gang_policy(spec),
+            **_native_priority(spec, api_version),
         },
     }
 

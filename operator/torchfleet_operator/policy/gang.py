@@ -53,7 +53,9 @@ def create_missing(
     # deleted by hand is back before the next gang is scheduled.
     if pods:
         plan_create.extend(
-            podgroup.gang_objects(step.name, step.namespace, step.uid, spec, restart)
+            podgroup.gang_objects(
+                step.name, step.namespace, step.uid, spec, restart, observed.native_api
+            )
         )
     plan_create.extend(pods)
     # So does a refused service, claim or PodGroup, and the pods with it (they

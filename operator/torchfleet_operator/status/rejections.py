@@ -66,7 +66,8 @@ def with_rejections(
         message = (
             f"the PodGroup CRD for spec.scheduling.podGroup is not installed in this "
             f"cluster ({message}); install the scheduler (podGroup Kubernetes: serve "
-            f"scheduling.k8s.io/v1alpha2, feature gate GenericWorkload) or set podGroup None"
+            f"scheduling.k8s.io/v1beta1, feature gate GenericWorkload, on Kubernetes 1.37; "
+            f"v1alpha2 on 1.36) or set podGroup None"
         )
     refusal = security.describe_refusal(message)
     if refusal is not None:

@@ -41,9 +41,10 @@ PODGROUP_GRANTS = {
 }
 # Kubernetes' own gang: the job's Workload is created, and listed by name
 # when a create answers 409 (the executor's ownership check); never watched.
+# A gang generation's PodGroup is deleted once the generation is over.
 PODGROUP_GRANTS["scheduling.k8s.io"] |= _grants(
     "scheduling.k8s.io", resources=("workloads",), verbs="list create"
-)
+) | _grants("scheduling.k8s.io", resources=("podgroups",), verbs="delete")
 # Cluster-scoped, in both modes: the operator watches nodes (a NotReady node
 # loses its pods) and kopf watches CRDs (TrainingJob's coming and going).
 CLUSTER_GRANTS = (

@@ -1,6 +1,8 @@
-"""Kubernetes' own gang scheduling (scheduling.k8s.io/v1alpha2, 1.36): the
-Workload, a PodGroup per gang generation, the pods' schedulingGroup, and the
-PodGroupScheduled condition read back into the job's GangScheduled."""
+"""Kubernetes' own gang scheduling: the Workload, a PodGroup per gang
+generation, the pods' schedulingGroup, and kube-scheduler's verdict read back
+into the job's GangScheduled, in both API versions the operator writes:
+scheduling.k8s.io/v1beta1 (1.37; condition PodGroupInitiallyScheduled) and
+v1alpha2 (1.36; PodGroupScheduled), the one discovery found."""
 
 from __future__ import annotations
 
@@ -22,6 +24,10 @@ from .builders import CONFIG, at, gang, job, observed, pod, running_status, stam
 NATIVE = {"podGroup": "Kubernetes"}
 ELASTIC = {"minNodes": 2, "maxNodes": 4, "maxRestarts": 1}
 REFUSAL = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."
+V1BETA1, V1ALPHA2 = "scheduling.k8s.io/v1beta1", "scheduling.k8s.io/v1alpha2"
+# Each version's PodGroup condition with kube-scheduler's verdict.
+SCHEDULED = {V1BETA1: "PodGroupInitiallyScheduled", V1ALPHA2: "PodGroupScheduled"}
+BOTH = pytest.mark.parametrize("api", [V1BETA1, V1ALPHA2])
 
 
 def spec(workers: int = 3, **fields: Any) -> Any:
@@ -34,13 +40,7 @@ def spec(workers: int = 3, **fields: Any) -> Any:
         ({}, []),
         ({"podGroup": "Coscheduling"}, [("scheduling.x-k8s.io/v1alpha1", "PodGroup")]),
         ({"podGroup": "Volcano"}, [("scheduling.volcano.sh/v1beta1", "PodGroup")]),
-        (
-            NATIVE,
-            [
-                ("scheduling.k8s.io/v1alpha2", "PodGroup"),
-                ("scheduling.k8s.io/v1alpha2", "Workload"),
-            ],
-        ),
+        (NATIVE, [(V1BETA1, "PodGroup"), (V1BETA1, "Workload")]),
     ],
 )
 def test_gang_objects_per_kind(scheduling, kinds):
@@ -51,17 +51,31 @@ def test_gang_objects_per_kind(scheduling, kinds):
         assert manifest["metadata"]["labels"]["torchfleet.dev/job-name"] == "llm"
 
 
+# How each version's PodGroup names the Workload's template it was made from
+# (k8s.io/api scheduling/v1beta1 WorkloadReference, v1alpha2
+# PodGroupTemplateReference).
+TEMPLATE_REF = {
+    V1BETA1: {"workloadRef": {"workloadName": "llm", "templateName": "gang"}},
+    V1ALPHA2: {
+        "podGroupTemplateRef": {"workload": {"workloadName": "llm", "podGroupTemplateName": "gang"}}
+    },
+}
+
+
 @pytest.mark.parametrize(
-    ("fields", "min_count"),
+    ("api", "fields", "min_count"),
     [
-        ({"workers": 3}, 4),  # every pod
-        ({"workers": 3, "elastic": ELASTIC}, 2),  # an elastic job trains on minNodes
+        (V1BETA1, {"workers": 3}, 4),  # every pod
+        (V1BETA1, {"workers": 3, "elastic": ELASTIC}, 2),  # an elastic job trains on minNodes
+        (V1ALPHA2, {"workers": 3}, 4),
+        (V1ALPHA2, {"workers": 3, "elastic": ELASTIC}, 2),
     ],
 )
-def test_workload_and_pod_group_ask_for_the_gang(fields, min_count):
+def test_workload_and_pod_group_ask_for_the_gang(api, fields, min_count):
     group, workload = podgroup.gang_objects(
-        "llm", "team", "uid-1", spec(scheduling=NATIVE, **fields), 2
+        "llm", "team", "uid-1", spec(scheduling=NATIVE, **fields), 2, api
     )
+    assert (group["apiVersion"], workload["apiVersion"]) == (api, api)
     assert workload["metadata"]["name"] == "llm"
     assert workload["spec"] == {
         "controllerRef": {"apiGroup": "torchfleet.dev", "kind": "TrainingJob", "name": "llm"},
@@ -72,11 +86,41 @@ def test_workload_and_pod_group_ask_for_the_gang(fields, min_count):
     assert group["metadata"]["name"] == "llm-gen-2"
     assert group["metadata"]["labels"]["torchfleet.dev/restart"] == "2"
     assert group["spec"] == {
-        "podGroupTemplateRef": {
-            "workload": {"workloadName": "llm", "podGroupTemplateName": "gang"}
-        },
+        **TEMPLATE_REF[api],
         "schedulingPolicy": {"gang": {"minCount": min_count}},
     }
+
+
+def discovered(*plurals: str) -> dict[str, Any]:
+    """An APIResourceList as /apis/scheduling.k8s.io/<version> answers it."""
+    return {"kind": "APIResourceList", "resources": [{"name": p} for p in plurals]}
+
+
+@pytest.mark.parametrize(
+    ("answers", "expected"),
+    [
+        # 1.37 with the beta API on: v1alpha2 is gone (404).
+        ({"v1beta1": discovered("workloads", "podgroups", "podgroups/status")}, V1BETA1),
+        # 1.36 with the alpha API on; its v1beta1 is not served.
+        ({"v1alpha2": discovered("workloads", "podgroups", "podgroups/status")}, V1ALPHA2),
+        # both (a future release serving both): the newest
+        (
+            {
+                "v1beta1": discovered("workloads", "podgroups"),
+                "v1alpha2": discovered("workloads", "podgroups"),
+            },
+            V1BETA1,
+        ),
+        # the group served without the gang resources (the runtime-config left off)
+        ({"v1beta1": discovered()}, None),
+        ({"v1beta1": discovered("workloads")}, None),
+        ({}, None),
+        ({"v1beta1": {"resources": "odd"}}, None),
+    ],
+)
+def test_discovery_picks_the_newest_version_serving_both_objects(answers, expected):
+    served = [v for v, found in answers.items() if podgroup.serves_gang(found)]
+    assert podgroup.preferred_native_api(served) == expected
 
 
 @pytest.mark.parametrize(
@@ -102,9 +146,11 @@ def test_a_template_cannot_move_a_pod_to_another_group():
     assert made["spec"]["schedulingGroup"] == {"podGroupName": "llm-gen-1"}
 
 
-def native_group(restart: int = 0, *conditions: dict[str, Any]) -> dict[str, Any]:
+def native_group(
+    restart: int = 0, *conditions: dict[str, Any], api: str = V1BETA1
+) -> dict[str, Any]:
     return {
-        "apiVersion": "scheduling.k8s.io/v1alpha2",
+        "apiVersion": api,
         "kind": "PodGroup",
         "metadata": {
             "name": f"llm-gen-{restart}",
@@ -115,35 +161,42 @@ def native_group(restart: int = 0, *conditions: dict[str, Any]) -> dict[str, Any
     }
 
 
-def scheduled(status: str, reason: str, message: str = "") -> dict[str, Any]:
-    return {"type": "PodGroupScheduled", "status": status, "reason": reason, "message": message}
+def scheduled(status: str, reason: str, message: str = "", api: str = V1BETA1) -> dict[str, Any]:
+    return {"type": SCHEDULED[api], "status": status, "reason": reason, "message": message}
 
 
-@pytest.mark.parametrize(
-    ("manifest", "phase", "unschedulable", "generation"),
-    [
-        (native_group(0), None, None, 0),  # not looked at yet
-        (native_group(1, scheduled("True", "Scheduled")), "Scheduled", None, 1),
+def read_cases(api: str) -> list[Any]:
+    def group(restart: int, *conditions: dict[str, Any]) -> dict[str, Any]:
+        return native_group(restart, *conditions, api=api)
+
+    return [
+        (group(0), None, None, 0),  # not looked at yet
+        (group(1, scheduled("True", "Scheduled", api=api)), "Scheduled", None, 1),
         (
-            native_group(2, scheduled("False", "Unschedulable", REFUSAL)),
+            group(2, scheduled("False", "Unschedulable", REFUSAL, api=api)),
             "Unschedulable",
             f"Unschedulable: {REFUSAL}",
             2,
         ),
         (
-            native_group(0, scheduled("False", "SchedulerError", "boom")),
+            group(0, scheduled("False", "SchedulerError", "boom", api=api)),
             "SchedulerError",
             "SchedulerError: boom",
             0,
         ),
-        ({**native_group(0), "status": {"conditions": "odd"}}, None, None, 0),
+        ({**group(0), "status": {"conditions": "odd"}}, None, None, 0),
         (
-            {**native_group(0), "metadata": {"labels": {"torchfleet.dev/restart": "x"}}},
+            {**group(0), "metadata": {"labels": {"torchfleet.dev/restart": "x"}}},
             None,
             None,
             0,
         ),
-    ],
+    ]
+
+
+@pytest.mark.parametrize(
+    ("manifest", "phase", "unschedulable", "generation"),
+    read_cases(V1BETA1) + read_cases(V1ALPHA2),
 )
 def test_native_group_is_read(manifest, phase, unschedulable, generation):
     group = ObservedPodGroup.from_manifest(manifest)
@@ -204,10 +257,14 @@ def test_gang_scheduled_mirrors_kube_schedulers_verdict(group, pods, status, rea
         assert condition["message"].endswith(said)
 
 
-def test_a_new_gang_posts_its_group_and_workload_before_its_pods():
-    p = plan(job(workers=2, scheduling=NATIVE), observed(), at(0), CONFIG, status={})
+@BOTH
+def test_a_new_gang_posts_its_group_and_workload_before_its_pods(api):
+    seen = observed(native_api=api)
+    p = plan(job(workers=2, scheduling=NATIVE), seen, at(0), CONFIG, status={})
     assert [m["kind"] for m in p.create] == ["PodGroup", "Workload", "Pod", "Pod", "Pod"]
     assert p.create[0]["metadata"]["name"] == "llm-gen-0"
+    # In the version the cluster serves (discovery), whatever it is.
+    assert {m["apiVersion"] for m in p.create[:2]} == {api}
 
 
 def test_a_restarted_gang_gets_a_new_group():
@@ -230,7 +287,8 @@ def test_an_unserved_api_group_is_named_in_the_jobs_condition():
     )
     condition = find(status["conditions"], "ChildrenRejected")
     assert condition["reason"] == "PodGroupCRDMissing"
-    assert "scheduling.k8s.io/v1alpha2" in condition["message"]
+    assert "scheduling.k8s.io/v1beta1" in condition["message"]
+    assert "v1alpha2 on 1.36" in condition["message"]
 
 
 def observed_group(generation: int, owner: str | None = "uid-1") -> ObservedPodGroup:
@@ -249,3 +307,73 @@ def observed_group(generation: int, owner: str | None = "uid-1") -> ObservedPodG
 )
 def test_the_newest_generations_group_is_the_jobs(groups, expected):
     assert current_pod_group(groups, "uid-1") == expected
+
+
+# ---- the job's priority, and a finished generation's group ------------------------
+
+
+@pytest.mark.parametrize(
+    ("api", "scheduling", "priority"),
+    [
+        # 1.37: the PodGroup names the job's class (the API server's Priority
+        # admission turns it into spec.priority), the Workload's template too.
+        (V1BETA1, {**NATIVE, "priorityClassName": "high"}, {"priorityClassName": "high"}),
+        (V1BETA1, NATIVE, {}),
+        # 1.36: the field needs the alpha gate WorkloadAwarePreemption.
+        (V1ALPHA2, {**NATIVE, "priorityClassName": "high"}, {}),
+    ],
+)
+def test_the_gang_has_the_jobs_priority_class(api, scheduling, priority):
+    group, workload = podgroup.gang_objects(
+        "llm", "team", "uid-1", spec(scheduling=scheduling), 0, api
+    )
+    assert {k: v for k, v in group["spec"].items() if k.startswith("priority")} == priority
+    template = workload["spec"]["podGroupTemplates"][0]
+    assert {k: v for k, v in template.items() if k.startswith("priority")} == priority
+
+
+def seen_group(generation: int, deleting: bool = False, api: str = V1BETA1) -> ObservedPodGroup:
+    manifest = native_group(generation, api=api)
+    manifest["metadata"]["uid"] = f"group-{generation}"
+    if deleting:
+        manifest["metadata"]["deletionTimestamp"] = stamp(0)
+    group = ObservedPodGroup.from_manifest(manifest)
+    assert group is not None
+    return group
+
+
+def deleted_groups(p: Any) -> list[tuple[str, str | None, str]]:
+    return sorted((r.name, r.uid, r.api_version) for r in p.delete if r.kind == "PodGroup")
+
+
+@BOTH
+def test_a_new_generation_deletes_the_groups_of_the_ones_before(api):
+    groups = tuple(seen_group(g, api=api) for g in range(3))
+    seen = observed(*gang(restart=2), pod_groups=groups, native_api=api)
+    p = plan(job(workers=2, scheduling=NATIVE), seen, at(0), CONFIG, running_status(restart=2))
+    assert deleted_groups(p) == [("llm-gen-0", "group-0", api), ("llm-gen-1", "group-1", api)]
+    assert not [r for r in p.delete if r.kind == "Pod"]
+
+
+@pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
+def test_a_finished_job_deletes_every_group_once(phase):
+    groups = (seen_group(0, deleting=True), seen_group(1))
+    done = {**running_status(restart=1), "phase": phase}
+    seen = observed(*gang(restart=1, phase="Succeeded"), pod_groups=groups)
+    p = plan(job(workers=2, scheduling=NATIVE), seen, at(0), CONFIG, done)
+    # gen-0 is being deleted already (protection holds it): not asked again
+    assert deleted_groups(p) == [("llm-gen-1", "group-1", V1BETA1)]
+
+
+def test_another_schedulers_group_stays():
+    volcano = ObservedPodGroup.from_manifest(
+        {
+            "apiVersion": "scheduling.volcano.sh/v1beta1",
+            "kind": "PodGroup",
+            "metadata": {"name": "llm"},
+        }
+    )
+    done = {**running_status(), "phase": "Succeeded"}
+    seen = observed(*gang(phase="Succeeded"), pod_groups=(volcano,))
+    p = plan(job(workers=2, scheduling={"podGroup": "Volcano"}), seen, at(0), CONFIG, done)
+    assert deleted_groups(p) == []
