@@ -2,12 +2,24 @@
 # Builds the local control plane from Go modules and prints the folder that
 # holds the binaries. Cached outside the repo, keyed by every pinned version,
 # so a warm run is a hash and a few stat calls.
+#
+# The Kubernetes release is $KUBERNETES_VERSION (default: versions.env); each
+# supported release has its own wrapper module gomod/<version>/ (made by
+# gen-gomod.sh), which pins etcd too. Each release has its own cache folder,
+# so the releases' binaries live side by side.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+requested=${KUBERNETES_VERSION:-}
 # shellcheck source=versions.env
 source "$here/versions.env"
+KUBERNETES_VERSION=${requested:-$KUBERNETES_VERSION}
+gomod=$here/gomod/$KUBERNETES_VERSION
+grep -q "^	k8s.io/kubernetes $KUBERNETES_VERSION$" "$gomod/go.mod" 2>/dev/null || {
+  echo "[cluster-build] no wrapper module for k8s.io/kubernetes $KUBERNETES_VERSION (supported: $(ls "$here/gomod" | tr '\n' ' '))" >&2
+  exit 1
+}
 
-key=$( { cat "$here/versions.env" "$here/gomod/go.mod" "$here/gomod/go.sum" "$here/gomod/cmd/etcd/main.go"; go env GOVERSION; } | sha256sum | cut -c1-16)
+key=$( { echo "$KUBERNETES_VERSION $KWOK_VERSION $HELM_VERSION"; cat "$gomod/go.mod" "$gomod/go.sum" "$gomod/cmd/etcd/main.go"; go env GOVERSION; } | sha256sum | cut -c1-16)
 cache=${TORCHFLEET_CACHE:-$HOME/.cache/torchfleet}/cluster-$KUBERNETES_VERSION-$key
 bin=$cache/bin
 tools=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm)
@@ -25,7 +37,7 @@ log() { echo "[cluster-build] $*" >&2; }
 minor=${KUBERNETES_VERSION#v1.}; minor=${minor%%.*}
 ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$KUBERNETES_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
 export CGO_ENABLED=0
-cd "$here/gomod"
+cd "$gomod"
 for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
   [ -x "$bin/$cmd" ] && continue
   log "building $cmd $KUBERNETES_VERSION (cold: minutes each on 2 cores)"
@@ -33,7 +45,7 @@ for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
   mv "$bin/$cmd.tmp" "$bin/$cmd"
 done
 if [ ! -x "$bin/etcd" ]; then
-  log "building etcd $ETCD_VERSION"
+  log "building etcd $(awk '$1 == "go.etcd.io/etcd/server/v3" {print $2; exit}' go.mod)"
   go build -trimpath -ldflags "-s -w" -o "$bin/etcd.tmp" ./cmd/etcd && mv "$bin/etcd.tmp" "$bin/etcd"
 fi
 # KWOK and Helm have no replace lines in their go.mod: plain go install works.

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Regenerates gomod/go.mod for a new Kubernetes release.
+# Writes gomod/<kubernetes version>/, the wrapper module of a Kubernetes
+# release (build.sh builds the one KUBERNETES_VERSION names).
 #
 # k8s.io/kubernetes requires its staging modules at v0.0.0 and points them at
 # ./staging with replace lines, which `go install pkg@version` refuses. A
@@ -7,12 +8,20 @@
 # twin builds the real binaries. The staging list grows between releases, so
 # it is read from that release's own go.mod rather than kept by hand.
 #
-# usage: dev/cluster/gen-gomod.sh v1.36.3 v3.6.8   (kubernetes, etcd)
+# etcd: the release's own (build/dependencies.yaml); its go.mod requires
+# etcd's server module at that version anyway.
+#
+# usage: dev/cluster/gen-gomod.sh v1.37.2 v3.7.0   (kubernetes, etcd)
 set -euo pipefail
-k8s=${1:?kubernetes version, e.g. v1.36.3}
-etcd=${2:?etcd version, e.g. v3.6.8}
+k8s=${1:?kubernetes version, e.g. v1.37.2}
+etcd=${2:?etcd version, e.g. v3.7.0}
 here=$(cd "$(dirname "$0")" && pwd)
-proxy=${GOPROXY%%,*}; proxy=${proxy:-https://proxy.golang.org}
+out=$here/gomod/$k8s
+mkdir -p "$out/cmd"
+# Every release's module builds the same etcd entry point and pins the same commands.
+[ -e "$out/cmd/etcd" ] || cp -r "$(ls -d "$here"/gomod/*/cmd/etcd | head -1)" "$out/cmd/"
+[ -e "$out/tools.go" ] || cp "$(ls "$here"/gomod/*/tools.go | head -1)" "$out/"
+proxy=${GOPROXY:-$(go env GOPROXY)}; proxy=${proxy%%,*}; proxy=${proxy:-https://proxy.golang.org}
 upstream=$(curl -fsSL "$proxy/k8s.io/kubernetes/@v/$k8s.mod")
 {
   echo "// Wrapper module: builds the Kubernetes control plane and etcd from Go modules."
@@ -29,5 +38,5 @@ upstream=$(curl -fsSL "$proxy/k8s.io/kubernetes/@v/$k8s.mod")
   echo "replace ("
   echo "$upstream" | grep '=> ./staging/src/' | awk -v v="v0${k8s#v1}" '{print "\t" $1 " => " $1 " " v}'
   echo ")"
-} > "$here/gomod/go.mod"
-cd "$here/gomod" && go mod tidy
+} > "$out/go.mod"
+cd "$out" && go mod tidy

@@ -68,11 +68,49 @@ COMPONENTS = (
 # dev/cluster/NAME.py, whose class NAME.capitalize() takes this cluster.
 ADDONS = ("kueue",)
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
-# Alpha gates for Kubernetes' own gang scheduling (KEP-4671), on every
-# component that reads them; GangScheduling depends on GenericWorkload.
-NATIVE_GANG_GATES = "--feature-gates=GenericWorkload=true,GangScheduling=true"
 STATE_DIR = REPO / os.environ.get("TORCHFLEET_CLUSTER_DIR", ".cluster")
 PORT_OFFSET = int(os.environ.get("TORCHFLEET_CLUSTER_PORT_OFFSET", "0"))
+
+
+def kubernetes_version() -> str:
+    """TORCHFLEET_KUBERNETES_VERSION, else the default in versions.env."""
+    if os.environ.get("TORCHFLEET_KUBERNETES_VERSION"):
+        return os.environ["TORCHFLEET_KUBERNETES_VERSION"]
+    for line in (HERE / "versions.env").read_text().splitlines():
+        if line.startswith("KUBERNETES_VERSION="):
+            return line.split("=", 1)[1].strip()
+    raise RuntimeError("versions.env has no KUBERNETES_VERSION")
+
+
+KUBERNETES_VERSION = kubernetes_version()
+
+
+@dataclass(frozen=True)
+class NativeGang:
+    """Kubernetes' own gang scheduling (KEP-4671) as a release serves it: the
+    feature gates every component that reads them needs, and the API group
+    version of its Workload and PodGroup, which is off unless asked for."""
+
+    gates: str
+    api: str
+
+
+# By minor release (read from each release's pkg/features/kube_features.go).
+# 1.36: alpha, scheduling.k8s.io/v1alpha2, GangScheduling needs GenericWorkload.
+# 1.37: beta, scheduling.k8s.io/v1beta1 (v1alpha2 gone); the GangScheduling
+# gate is gone too, GenericWorkload alone enables the scheduler's plugin.
+NATIVE_GANG = {
+    "1.36": NativeGang("GenericWorkload=true,GangScheduling=true", "scheduling.k8s.io/v1alpha2"),
+    "1.37": NativeGang("GenericWorkload=true", "scheduling.k8s.io/v1beta1"),
+}
+
+
+def native_gang(version: str = KUBERNETES_VERSION) -> NativeGang:
+    minor = ".".join(version.lstrip("v").split(".")[:2])
+    if minor not in NATIVE_GANG:
+        supported = ", ".join(sorted(NATIVE_GANG))
+        raise ClusterError(f"Kubernetes {version} is not supported here (supported: {supported})")
+    return NATIVE_GANG[minor]
 
 
 def port(variable: str, default: int) -> int:
@@ -114,10 +152,13 @@ class LocalCluster:
     # ---- lifecycle -------------------------------------------------------
 
     def up(self, nodes: int = 4) -> None:
-        if self.healthy():
+        started = self.root / "kubernetes-version"
+        same = started.exists() and started.read_text() == KUBERNETES_VERSION
+        if same and self.healthy():
             log(f"reusing the running cluster (KUBECONFIG={self.kubeconfig})")
             return
         self.down(quiet=True)
+        started.unlink(missing_ok=True)
         built = build_tools()
         for d in (self.pki, self.logs, self.run, self.bin):
             d.mkdir(parents=True, exist_ok=True)
@@ -164,7 +205,12 @@ class LocalCluster:
         self._create_fake_nodes(nodes)
         wait_for(lambda: self._ready_nodes() >= nodes, f"{nodes} fake nodes Ready", 60)
         wait_for(self._default_service_account_exists, "default ServiceAccount", 60)
-        log(f"cluster ready in {time.monotonic() - t0:.1f}s: export KUBECONFIG={self.kubeconfig}")
+        # A cluster of another release (TORCHFLEET_KUBERNETES_VERSION) is never reused.
+        started.write_text(KUBERNETES_VERSION)
+        log(
+            f"Kubernetes {KUBERNETES_VERSION} ready in {time.monotonic() - t0:.1f}s: "
+            f"export KUBECONFIG={self.kubeconfig}"
+        )
 
     def addon(self, name: str) -> Any:
         """The add-on ``name`` (e.g. Kueue) bound to this cluster."""
@@ -259,6 +305,11 @@ class LocalCluster:
             # the real node reach it (no kube-proxy; dev/realnode/README.md).
             "--bind-address=0.0.0.0",
             "--advertise-address=127.0.0.1",
+            # A loopback address is no endpoint for the kubernetes Service:
+            # none is published (1.36 published none for it silently; 1.37
+            # refuses to start: "cannot use public IP 127.0.0.1 with endpoint
+            # reconciler"). Pods reach the API server as dev/realnode says.
+            "--endpoint-reconciler-type=none",
             f"--secure-port={self.ports.apiserver}",
             f"--tls-cert-file={p / 'apiserver.crt'}",
             f"--tls-private-key-file={p / 'apiserver.key'}",
@@ -286,12 +337,12 @@ class LocalCluster:
             "--audit-log-format=json",
             "--audit-log-maxsize=200",
             "--audit-log-maxbackup=2",
-            # Kubernetes' own gang scheduling (alpha in 1.36): the Workload and
-            # PodGroup objects of scheduling.k8s.io/v1alpha2 and the pods'
+            # Kubernetes' own gang scheduling (NATIVE_GANG): the Workload and
+            # PodGroup objects of its scheduling.k8s.io version and the pods'
             # spec.schedulingGroup field. Pods without a schedulingGroup are
             # scheduled as before.
-            NATIVE_GANG_GATES,
-            "--runtime-config=scheduling.k8s.io/v1alpha2=true",
+            f"--feature-gates={native_gang().gates}",
+            f"--runtime-config={native_gang().api}=true",
             "--v=1",
         ]
 
@@ -315,7 +366,7 @@ class LocalCluster:
             # lifecycle, service accounts, endpoints, taint eviction, ...
             "--controllers=*",
             "--node-monitor-grace-period=20s",
-            NATIVE_GANG_GATES,
+            f"--feature-gates={native_gang().gates}",
             "--v=1",
         ]
 
@@ -325,7 +376,7 @@ class LocalCluster:
         return [
             *self._component_auth_args(),
             f"--secure-port={self.ports.scheduler}",
-            NATIVE_GANG_GATES,
+            f"--feature-gates={native_gang().gates}",
             "--v=1",
         ]
 
@@ -547,7 +598,13 @@ def log(msg: str) -> None:
 
 
 def build_tools() -> Path:
-    out = subprocess.run([str(HERE / "build.sh")], check=True, stdout=subprocess.PIPE, text=True)
+    out = subprocess.run(
+        [str(HERE / "build.sh")],
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "KUBERNETES_VERSION": KUBERNETES_VERSION},
+    )
     return Path(out.stdout.strip().splitlines()[-1])
 
 

@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # Builds the real node's parts and prints the folder that holds them: the
-# kubelet (from the control plane's module set, dev/cluster/gomod), containerd
+# kubelet (from the control plane's module set, dev/cluster/gomod/<version>), containerd
 # v2 with its runc shim and ctr, the CNI plugins, and two OCI image archives
 # made without a registry (the pause image from pause.c, a static-busybox base).
 # runc and busybox-static come from Debian. Cached outside the repo, keyed by
 # every input, so a warm run is a hash and a few stat calls.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-gomod=$here/../cluster/gomod
 # shellcheck source=versions.env
 source "$here/versions.env"
+requested=${KUBERNETES_VERSION:-}
 # shellcheck source=../cluster/versions.env
 source "$here/../cluster/versions.env"
+KUBERNETES_VERSION=${requested:-$KUBERNETES_VERSION}
+gomod=$here/../cluster/gomod/$KUBERNETES_VERSION
 
 key=$( { cat "$here/versions.env" "$gomod/go.mod" "$gomod/go.sum" "$here/pause.c" "$here/ociimage.py" "$0"; go env GOVERSION; } | sha256sum | cut -c1-16)
 cache=${TORCHFLEET_CACHE:-$HOME/.cache/torchfleet}/realnode-$KUBERNETES_VERSION-$key

@@ -76,7 +76,16 @@ RUNC = os.environ.get("TORCHFLEET_RUNC") or shutil.which("runc") or "runc"
 
 
 def build() -> Path:
-    out = subprocess.run([str(HERE / "build.sh")], check=True, stdout=subprocess.PIPE, text=True)
+    """build.sh's folder: the kubelet of the cluster's release (as localcluster.py
+    picks it: TORCHFLEET_KUBERNETES_VERSION, else versions.env)."""
+    release = os.environ.get("TORCHFLEET_KUBERNETES_VERSION")
+    out = subprocess.run(
+        [str(HERE / "build.sh")],
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **({"KUBERNETES_VERSION": release} if release else {})},
+    )
     return Path(out.stdout.strip().splitlines()[-1])
 
 

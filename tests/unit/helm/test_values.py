@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.fixtures.helm import CHART, CI_VALUES, Helm
+from tests.fixtures.helm import CHART, CI_VALUES, RENDER_KUBE_VERSION, Helm
 
 VALUES_TEXT = (CHART / "values.yaml").read_text()
 VALUES = yaml.safe_load(VALUES_TEXT)
@@ -20,7 +20,7 @@ KEY_LINE = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w.-]*):")
 
 def test_helm_lint_is_clean_for_defaults_and_every_ci_values_file(helm: Helm) -> None:
     for values in [None, *sorted(CI_VALUES.glob("*.yaml"))]:
-        args = ["lint", "--strict", str(CHART), "--kube-version", "1.36.3"]
+        args = ["lint", "--strict", str(CHART), "--kube-version", RENDER_KUBE_VERSION]
         out = helm.run(*args, *(["--values", str(values)] if values else []), check=False)
         assert out.returncode == 0, f"{values}: {out.stdout}{out.stderr}"
         assert "[ERROR]" not in out.stdout and "[WARNING]" not in out.stdout, out.stdout
