@@ -582,6 +582,14 @@ class ObservedWorkload:
         return self.is_true(r.WORKLOAD_EVICTED)
 
     @property
+    def evictions(self) -> int:
+        """How often Kueue has evicted it, for any reason (its schedulingStats)."""
+        stats = self.status.get("schedulingStats")
+        listed = stats.get("evictions") if isinstance(stats, dict) else None
+        counts = [e.get("count") for e in listed or () if isinstance(e, dict)]
+        return sum(c for c in counts if isinstance(c, int) and c > 0)
+
+    @property
     def cluster_name(self) -> str | None:
         """The worker cluster MultiKueue dispatched it to (a manager cluster's
         Workload; None elsewhere, and while it is dispatched nowhere)."""

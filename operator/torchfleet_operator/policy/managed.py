@@ -23,7 +23,6 @@ cluster runs it in an event on the job, once per dispatch.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,21 +101,21 @@ def multikueue_workload(step: Pass, spec: TrainingJobSpec) -> ManagerSide:
 def dispatched(workload: ObservedWorkload) -> EventSpec | None:
     """The event naming the worker cluster the manager's Workload was admitted
     to (MultiKueue sets its status.clusterName), once per dispatch: its key is
-    the cluster and the time of that admission, so a job dispatched again (a
-    worker lost, an eviction) gets one more, even to the same cluster."""
+    the cluster and the Workload's evictions so far (Kueue counts each in
+    status.schedulingStats), and a job is dispatched again only after an
+    eviction (a worker lost, a suspend), so each dispatch, even to the same
+    cluster, has its own. Timestamps would not do: they have whole seconds,
+    and a dispatch, a suspend and a resume can fit in one."""
     cluster = workload.cluster_name
     if cluster is None or not workload.admitted or workload.finished:
         return None
-    admitted = workload.condition(r.WORKLOAD_ADMITTED) or {}
-    since = str(admitted.get("lastTransitionTime") or "")
-    dispatch = hashlib.sha256(since.encode()).hexdigest()[:10]
     return EventSpec(
         "Normal",
         r.EVENT_DISPATCHED,
         f"MultiKueue dispatched it to the worker cluster {cluster} (Workload "
         f"{workload.name}); the status here is that cluster's",
         once=True,
-        key=f"{cluster}.{dispatch}",
+        key=f"{cluster}.{workload.evictions}",
     )
 
 

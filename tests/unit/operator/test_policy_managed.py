@@ -145,9 +145,13 @@ def test_the_shell_posts_the_event_once_writes_nothing_and_requeues_nothing() ->
 
 
 def _manager_workload(
-    cluster: str | None, admitted_at: str | None = "2026-11-29T01:00:00Z", finished: bool = False
+    cluster: str | None,
+    admitted_at: str | None = "2026-11-29T01:00:00Z",
+    finished: bool = False,
+    evictions: tuple[int, ...] = (),
 ) -> ObservedWorkload:
-    """The manager's Workload of the job, as MultiKueue leaves it."""
+    """The manager's Workload of the job, as MultiKueue leaves it (with
+    Kueue's eviction counts, one per reason)."""
     conditions = []
     if admitted_at is not None:
         for type_ in ("QuotaReserved", "Admitted"):
@@ -159,6 +163,13 @@ def _manager_workload(
         status["admission"] = {"clusterQueue": "cq"}
     if cluster is not None:
         status["clusterName"] = cluster
+    if evictions:
+        status["schedulingStats"] = {
+            "evictions": [
+                {"reason": f"Reason{i}", "underlyingCause": "", "count": n}
+                for i, n in enumerate(evictions)
+            ]
+        }
     return ObservedWorkload({"metadata": {"name": "trainingjob-llm-1a2b3"}, "status": status})
 
 
@@ -194,12 +205,13 @@ def test_the_manager_says_which_worker_cluster_runs_the_job(
 
 def test_each_dispatch_is_said_once_even_to_the_same_cluster_again() -> None:
     first = _dispatched_events(_manager_workload("worker-1"))
-    again = _dispatched_events(_manager_workload("worker-1"))
-    moved = _dispatched_events(_manager_workload("worker-2", "2026-11-29T01:05:00Z"))
-    back = _dispatched_events(_manager_workload("worker-1", "2026-11-29T01:09:00Z"))
+    # the same dispatch seen again, its status changed (an admission check's time)
+    again = _dispatched_events(_manager_workload("worker-1", "2026-11-29T01:00:07Z"))
+    moved = _dispatched_events(_manager_workload("worker-2", evictions=(1,)))
+    # back on the first cluster, within the same second: the evictions tell it apart
+    back = _dispatched_events(_manager_workload("worker-1", evictions=(1, 1)))
     keys = [events[0].key for events in (first, again, moved, back)]
-    assert keys[0] == keys[1]  # the same dispatch: one event name
-    assert len({keys[0], keys[2], keys[3]}) == 3, keys
+    assert keys == ["worker-1.0", "worker-1.0", "worker-2.1", "worker-1.2"]
 
 
 def test_the_shell_posts_each_dispatch_once() -> None:
@@ -207,7 +219,7 @@ def test_the_shell_posts_each_dispatch_once() -> None:
         None,
         _manager_workload("worker-1"),
         _manager_workload("worker-1"),
-        _manager_workload("worker-2", "2026-11-29T01:05:00Z"),
+        _manager_workload("worker-2", evictions=(1,)),
     ]
 
     async def passes() -> list[list[EventSpec]]:
