@@ -54,6 +54,16 @@ DELAYED_TOPOLOGY_PENDING = "Pending"
 # The field manager Kueue writes admission with; a server-side apply under it
 # without status.admission removes the admission (as jobframework does).
 ADMISSION_FIELD_MANAGER = "kueue-admission"
+# Status fields Kueue's admission apply keeps as they are when it drops an
+# admission (Kueue v0.17 pkg/workload admissionStatusPatch).
+ADMISSION_KEPT_FIELDS = (
+    "accumulatedPastExecutionTimeSeconds",
+    "schedulingStats",
+    "clusterName",
+    "nominatedClusterNames",
+    "unhealthyNodes",
+    "preemptionGates",
+)
 FINISHED_FIELD_MANAGER = "torchfleet-operator-Finished"
 
 
@@ -384,6 +394,12 @@ def clear_reservation(workload: ObservedWorkload, now: str) -> dict[str, Any]:
     # state and message (the API server refuses that: 422).
     if workload.status.get("admissionChecks"):
         status["admissionChecks"] = workload.status["admissionChecks"]
+    # And what else Kueue's own admission apply carries over (workload.go's
+    # admissionStatusPatch): left out, the apply would drop them, Kueue's
+    # eviction counts (schedulingStats) among them.
+    for kept in ADMISSION_KEPT_FIELDS:
+        if workload.status.get(kept) is not None:
+            status[kept] = workload.status[kept]
     body["status"] = status
     return body
 

@@ -3,6 +3,7 @@ makes the planner do (desired/workload.py, policy/admission.py, policy/kueue.py)
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from typing import Any
 
@@ -302,6 +303,25 @@ def test_clearing_the_reservation_drops_admission_and_requeues_after_preemption(
     # Conditions Kueue owns under that manager are kept as they are.
     assert find(conditions, "Evicted") == EVICTED["status"]["conditions"][2]
     assert find(conditions, "Preempted")["reason"] == "InClusterQueue"
+
+
+def test_clearing_the_reservation_keeps_what_kueues_own_apply_keeps():
+    """Kueue's eviction counts, its MultiKueue cluster and the rest its own
+    admission apply carries over; dropped, Kueue would lose them (the manager's
+    dispatch events count evictions: policy/managed.py)."""
+    kept = {
+        "schedulingStats": {
+            "evictions": [{"reason": "Preempted", "underlyingCause": "", "count": 2}]
+        },
+        "clusterName": "worker-1",
+        "accumulatedPastExecutionTimeSeconds": 120,
+        "unhealthyNodes": [{"name": "node-a"}],
+    }
+    manifest = copy.deepcopy(EVICTED)
+    manifest["status"].update(kept)
+    body = admission.clear_reservation(ObservedWorkload(manifest), "2026-01-01T00:01:00Z")
+    assert {k: body["status"].get(k) for k in kept} == kept
+    assert "nominatedClusterNames" not in body["status"]  # absent: not written as null
 
 
 def test_finished_marks_the_workload():
