@@ -3,6 +3,8 @@ fresh virtual environment (the base interpreter's, nothing of this run's venv)
 gives a working ``torchfleet`` and ``kubectl-torchfleet``; neither the
 trainer's dependencies (torch, numpy, TensorBoard) nor the operator's (kopf,
 prometheus-client) are installed, and none of them is imported by the command.
+Installed without the extra (``pip install torchfleet``), the scripts say what
+to install instead of a traceback.
 
 The install reaches the package index as a user's would (pip's cache under
 $HOME is reused); the test is skipped, saying so, only where no index answers.
@@ -37,8 +39,8 @@ def _pip(venv: Path, *args: str, timeout: float = 300) -> subprocess.CompletedPr
     )
 
 
-@pytest.fixture(scope="module")
-def user_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def _installed(tmp_path_factory: pytest.TempPathFactory, what: str) -> Path:
+    """A fresh virtual environment with ``pip install <what>``."""
     venv = tmp_path_factory.mktemp("user") / "venv"
     subprocess.run([str(BASE_PYTHON), "-m", "venv", str(venv)], check=True)
     probe = _pip(
@@ -46,9 +48,14 @@ def user_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     if probe.returncode != 0:
         pytest.skip(f"no package index answers here (pip download click: {probe.stderr[-300:]})")
-    installed = _pip(venv, "install", "--quiet", f"{REPO}[cli]")
+    installed = _pip(venv, "install", "--quiet", what)
     assert installed.returncode == 0, installed.stdout + installed.stderr
     return venv
+
+
+@pytest.fixture(scope="module")
+def user_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _installed(tmp_path_factory, f"{REPO}[cli]")
 
 
 def test_one_install_gives_the_command_and_the_kubectl_plugin(user_venv: Path) -> None:
@@ -73,3 +80,18 @@ def test_no_torch_and_no_operator_dependency_is_installed_or_imported(user_venv:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_without_its_extra_the_command_says_what_to_install(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    bare = _installed(tmp_path_factory, str(REPO))
+    for script in ("torchfleet", "kubectl-torchfleet"):
+        out = subprocess.run(
+            [str(bare / "bin" / script), "ls"], capture_output=True, text=True, timeout=60
+        )
+        assert (out.returncode, out.stdout) == (1, ""), out.stderr
+        assert out.stderr.strip() == (
+            "torchfleet: the command needs click, which its extra installs: "
+            "pip install 'torchfleet[cli]'"
+        )
