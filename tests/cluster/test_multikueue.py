@@ -12,8 +12,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,21 +19,10 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.cluster import (
-    Cluster,
-    _external_kubeconfig,
-    _load_localcluster,
-    audit_events,
-)
+from tests.fixtures.cluster import Cluster, _external_kubeconfig, audit_events
 from tests.fixtures.kueue import KueueObjects
-from tests.fixtures.operator import (
-    REPO,
-    RUNTIME_CRDS,
-    JobDriver,
-    apply_crd,
-    kwok_job_spec,
-    launch,
-)
+from tests.fixtures.multikueue import connect, multikueue, queues, side_cluster
+from tests.fixtures.operator import JobDriver, kwok_job_spec, launch
 from tests.fixtures.poll import wait_for
 from torchfleet_operator.api.constants import (
     KUEUE_PREBUILT_WORKLOAD_LABEL,
@@ -46,58 +33,12 @@ from torchfleet_operator.status.conditions import find, is_true
 
 pytestmark = pytest.mark.cluster
 
-# dev/cluster/multikueue.py, loaded by path as the harness loads its add-ons.
-multikueue = _load_localcluster().load_addon("multikueue")
-
 # Each worker's ports shift from the session's; the e2e tier's cluster is
 # +1000 (dev/test-tiers.sh), so the workers take +500 and +1500.
 WORKER_PORT_SHIFTS = {"worker-1": 500, "worker-2": 1500}
 CHECK = "torchfleet-multikueue"  # worker-1 alone
 CHECK_BOTH = "torchfleet-multikueue-both"  # worker-1 and worker-2
 WORKER = "worker-1"
-
-
-def _worker_env(name: str) -> dict[str, str]:
-    manager = _load_localcluster().LocalCluster()
-    offset = int(os.environ.get("TORCHFLEET_CLUSTER_PORT_OFFSET", "0"))
-    return {
-        **os.environ,
-        "TORCHFLEET_CLUSTER_DIR": f"{manager.root}-mk-{name}",
-        "TORCHFLEET_CLUSTER_PORT_OFFSET": str(offset + WORKER_PORT_SHIFTS[name]),
-    }
-
-
-def _localcluster(name: str, *args: str) -> str:
-    out = subprocess.run(
-        [sys.executable, str(REPO / "dev" / "cluster" / "localcluster.py"), *args],
-        env=_worker_env(name),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert out.returncode == 0, f"localcluster {' '.join(args)} ({name}): {out.stderr[-3000:]}"
-    return out.stdout
-
-
-@contextlib.contextmanager
-def _worker_cluster(name: str) -> Iterator[Cluster]:
-    """A worker cluster with its Kueue, the CRDs, and the manager's access."""
-    root = Path(_worker_env(name)["TORCHFLEET_CLUSTER_DIR"])
-    started = Cluster(kubeconfig=str(root / "kubeconfig"), bin_dir=root / "bin")
-    # One started by hand (the same command) is left running, as the session's.
-    already_running = (root / "kubeconfig").exists() and not started.kubectl(
-        "get", "--raw", "/readyz", check=False, timeout=10
-    ).returncode
-    _localcluster(name, "up", "--with", "kueue")
-    try:
-        apply_crd(started.kubectl)
-        for crd in RUNTIME_CRDS:
-            started.kubectl("apply", "--server-side", "-f", str(REPO / "crds" / f"{crd}.yaml"))
-        started.kubectl("apply", "-f", "-", input=multikueue.as_list(multikueue.worker_access()))
-        yield started
-    finally:
-        if not already_running:
-            _localcluster(name, "down")
 
 
 @pytest.fixture(scope="module")
@@ -108,42 +49,15 @@ def workers(cluster: Cluster, kueue: str) -> Iterator[dict[str, Cluster]]:
     if kueue != multikueue.KUEUE_API:
         pytest.skip(f"Kueue serving {kueue} has no MultiKueue adapter for custom jobs (0.15+)")
     with contextlib.ExitStack() as stack:
-        yield {name: stack.enter_context(_worker_cluster(name)) for name in WORKER_PORT_SHIFTS}
+        yield {
+            name: stack.enter_context(side_cluster(name, shift, worker=True))
+            for name, shift in WORKER_PORT_SHIFTS.items()
+        }
 
 
 @pytest.fixture(scope="module")
 def worker(workers: dict[str, Cluster]) -> Cluster:
     return workers[WORKER]
-
-
-def _kubeconfig_for_manager(name: str, worker: Cluster) -> str:
-    """The worker's kubeconfig for the manager's Kueue: its ServiceAccount's token."""
-    token = worker.kubectl(
-        "create",
-        "token",
-        multikueue.WORKER_ACCOUNT,
-        "-n",
-        multikueue.KUEUE_NAMESPACE,
-        "--duration=2h",
-    ).stdout.strip()
-    admin = json.loads(Path(worker.kubeconfig).read_text())
-    server = admin["clusters"][0]["cluster"]["server"]
-    ca = (Path(worker.kubeconfig).parent / "pki" / "ca.crt").read_bytes()
-    return multikueue.worker_kubeconfig(name, server, ca, token)
-
-
-def _connect(manager: Cluster, check: str, workers: dict[str, Cluster]) -> None:
-    """The manager's Kueue reaches ``workers`` through the admission check ``check``."""
-    kubeconfigs = {name: _kubeconfig_for_manager(name, w) for name, w in workers.items()}
-    objects = multikueue.manager_objects(check, kubeconfigs)
-    manager.kubectl("apply", "-f", "-", input=multikueue.as_list(objects))
-
-    def active(name: str) -> bool:
-        found = manager.get_json("multikueuecluster", name)
-        return is_true((found.get("status") or {}).get("conditions"), "Active")
-
-    for name in workers:
-        wait_for(f"MultiKueueCluster {name} Active", lambda n=name: active(n), 90)
 
 
 @pytest.fixture(scope="module")
@@ -163,23 +77,6 @@ def worker_operators(
     finally:
         for operator in started.values():
             operator.stop()
-
-
-def _queues(objects: KueueObjects, namespace: str, cpu: int, check: str | None) -> str:
-    flavor = objects.flavor("default")
-    cq = objects.cluster_queue("mk", [(flavor, {"cpu": cpu})])
-    if check:
-        objects.cluster.kubectl(
-            "patch",
-            "clusterqueue",
-            cq,
-            "--type=merge",
-            "-p",
-            json.dumps(
-                {"spec": {"admissionChecksStrategy": {"admissionChecks": [{"name": check}]}}}
-            ),
-        )
-    return objects.local_queue(namespace, "team", cq)
 
 
 @dataclass
@@ -211,14 +108,14 @@ def _dispatching(
 ) -> Iterator[Dispatch]:
     """The manager connected to ``workers`` (each with its CPU quota) through
     ``check``, the test's namespace on each, a queue on every cluster."""
-    _connect(manager, check, {name: w for name, (w, _) in workers.items()})
+    connect(manager, check, {name: w for name, (w, _) in workers.items()})
     on_manager = KueueObjects(manager, kueue)
     on_workers = {name: KueueObjects(w, kueue) for name, (w, _) in workers.items()}
     try:
-        queue = _queues(on_manager, namespace, 100, check)
+        queue = queues(on_manager, namespace, {"cpu": 100}, check)
         for name, (w, cpu) in workers.items():
             w.kubectl("create", "namespace", namespace)
-            _queues(on_workers[name], namespace, cpu, None)
+            queues(on_workers[name], namespace, {"cpu": cpu}, None)
         yield Dispatch(queue, {name: JobDriver(w.api_client()) for name, (w, _) in workers.items()})
     finally:
         on_manager.cleanup()
