@@ -258,6 +258,15 @@ def test_a_job_suspended_on_the_manager_leaves_the_worker_and_comes_back_on_resu
     job_driver.create(namespace, "pause", dispatch.spec(workers=0))
     worker_driver.wait_running_pods(namespace, "pause", 1)
     first = worker_driver.get(namespace, "pause")["metadata"]["uid"]
+    # Suspended only once the manager's operator has said the first dispatch: a
+    # pass sees the Workload as it is then, and under load the first pass after
+    # the admission can already find it deactivated (CI-like run, 2026-11-29).
+    wait_for(
+        "the first dispatch said on the manager's job",
+        lambda: _dispatched_to(job_driver, namespace, "pause") == [WORKER],
+        60,
+        explain=lambda: str(_dispatched_to(job_driver, namespace, "pause")),
+    )
 
     job_driver.patch(namespace, "pause", {"spec": {"suspend": True}})
     wait_for(
