@@ -57,8 +57,9 @@ cluster-build: ## build the control plane from Go modules (cached in ~/.cache/to
 	dev/cluster/build.sh
 
 .PHONY: realnode-build
-realnode-build: ## build the real node (kubelet, containerd, CNI plugins, pause and busybox images), cached
+realnode-build: ## build the real node (kubelet, containerd, CNI plugins, pause and busybox images, its CoreDNS), cached
 	dev/realnode/build.sh
+	dev/realnode/coredns.sh
 
 .PHONY: operator-image
 operator-image: deps ## build the operator image from its Dockerfile (buildah on a Debian-made Python base), cached
