@@ -5,7 +5,10 @@ clusters do: the kubelet (built from the control plane's module set) talks CRI
 to containerd v2, which runs each container with Debian's runc; pods get a
 network from the CNI bridge and host-local plugins. Images come from
 build.sh's archives (the pause image, a static-busybox base), imported with
-``ctr images import``, since there is no registry.
+``ctr images import``, since there is no registry. The node runs its own
+CoreDNS (coredns.sh's) on its bridge's address, the kubelet's clusterDNS, so
+pods resolve the cluster's names, a headless Service's per-pod names included
+(see _start_coredns).
 
 Everything a second cluster on the same machine could meet is derived from the
 cluster's folder and port offset: containerd's socket, root and state, runc's
@@ -36,11 +39,13 @@ import argparse
 import contextlib
 import fcntl
 import hashlib
+import ipaddress
 import json
 import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tarfile
@@ -55,6 +60,7 @@ TAINT_KEY = "torchfleet.dev/real-node"
 PAUSE_IMAGE = "torchfleet.local/pause:3.10"
 BUSYBOX_IMAGE = "torchfleet.local/busybox:1.35"
 CRI_NAMESPACE = "k8s.io"
+CLUSTER_DOMAIN = "cluster.local"
 CAP_SYS_RESOURCE = 24  # linux/capability.h
 # The host sysctls a kubelet sets for itself when it starts (without
 # protectKernelDefaults, which would instead refuse to start unless they are
@@ -72,6 +78,8 @@ KUBELET_SYSCTLS = (
     "kernel/keys/root_maxkeys",
     "kernel/keys/root_maxbytes",
 )
+# What runs for the node, each under the cluster's pid files.
+PROCESSES = ("coredns", "containerd", "kubelet")
 RUNC = os.environ.get("TORCHFLEET_RUNC") or shutil.which("runc") or "runc"
 
 
@@ -86,6 +94,12 @@ def build() -> Path:
         text=True,
         env={**os.environ, **({"KUBERNETES_VERSION": release} if release else {})},
     )
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def build_coredns() -> Path:
+    """coredns.sh's binary: CoreDNS with only the plugins the node needs."""
+    out = subprocess.run([str(HERE / "coredns.sh")], check=True, stdout=subprocess.PIPE, text=True)
     return Path(out.stdout.strip().splitlines()[-1])
 
 
@@ -109,6 +123,9 @@ class RealNode:
         self.cgroup_root = f"/torchfleet-{tag}"
         # 10.200-249.x.0/24: clear of the node agent's 10.160-199.0.0/16.
         self.subnet = f"10.{200 + int(tag, 16) % 50}.{int(tag, 16) // 50 % 256}.0/24"
+        # The bridge's own address (the pods' gateway), where the node's
+        # CoreDNS listens: see _start_coredns.
+        self.gateway = str(ipaddress.ip_network(self.subnet)[1])
         self.node_ip = host_ip()
 
     # ---- lifecycle -------------------------------------------------------
@@ -118,6 +135,7 @@ class RealNode:
             return
         self.down(quiet=True)
         built = build()
+        coredns = build_coredns()
         for d in ("cni/net.d", "cni/ipam", "kubelet", "pod-logs"):
             (self.root / d).mkdir(parents=True, exist_ok=True)
         self._write_containerd_config(built)
@@ -126,10 +144,12 @@ class RealNode:
         self._grant_node_identity()
         self._make_cgroup_root()
         t0 = time.monotonic()
+        self._start_coredns(coredns)
         config = ["--config", str(self.root / "containerd.toml")]
         self.cluster._start("containerd", config, str(built / "containerd"))
         wait = self._cluster_module().wait_for
         wait(self.socket.exists, "containerd's socket", 60)
+        wait(self._dns_answers, f"CoreDNS on {self.gateway}:53", 60)
         for image in ("pause.tar", "busybox.tar"):
             self.ctr(built, "images", "import", "--no-unpack", str(built / image))
         self._start_kubelet(built)
@@ -145,6 +165,7 @@ class RealNode:
             self._stop(name, quiet)
         self._remove_containers()
         self._stop("containerd", quiet)
+        self._stop("coredns", quiet)
         self._restore_sysctls()
         self._stop_shims()
         self._unmount_all()
@@ -189,14 +210,13 @@ class RealNode:
         return {
             "node": NODE_NAME,
             "ready": self._node_ready(),
-            "pids": {n: self.cluster._pid(n) for n in ("containerd", "kubelet")},
+            "pids": {n: self.cluster._pid(n) for n in PROCESSES},
             "containerd": str(self.socket),
+            "dns": f"{self.gateway}:53",
         }
 
     def healthy(self) -> bool:
-        return all(self.cluster._pid(n) is not None for n in ("containerd", "kubelet")) and (
-            self._node_ready()
-        )
+        return all(self.cluster._pid(n) is not None for n in PROCESSES) and self._node_ready()
 
     # ---- helpers ---------------------------------------------------------
 
@@ -223,6 +243,52 @@ class RealNode:
 
     def _ready_or_dead(self) -> bool:
         return self.cluster._pid("kubelet") is None or self._node_ready()
+
+    def _start_coredns(self, coredns: Path) -> None:
+        """The node's cluster DNS: CoreDNS serving cluster.local from the
+        cluster's API (Services, and the per-pod names of headless Services:
+        ``<hostname>.<subdomain>.<namespace>.svc``, from EndpointSlices'
+        hostnames), and nothing else. A pod's resolv.conf cannot name a port
+        and several clusters' nodes share this machine, so each listens on
+        port 53 of its own bridge's address, the pods' gateway: the bridge is
+        made here, before the CNI bridge plugin (which takes it as it is,
+        address included) first needs it."""
+        if subprocess.run(["ip", "link", "show", self.bridge], capture_output=True).returncode:
+            subprocess.run(["ip", "link", "add", self.bridge, "type", "bridge"], check=True)
+        prefix = ipaddress.ip_network(self.subnet).prefixlen
+        subprocess.run(
+            ["ip", "addr", "replace", f"{self.gateway}/{prefix}", "dev", self.bridge], check=True
+        )
+        subprocess.run(["ip", "link", "set", self.bridge, "up"], check=True)
+        # No upstream: the pods need no other names, and these machines'
+        # resolver is not theirs to use. Every other name is NXDOMAIN at once
+        # (not REFUSED, which musl's resolver ignores until it times out).
+        corefile = f"""{CLUSTER_DOMAIN}:53 {{
+    bind {self.gateway}
+    errors
+    kubernetes {CLUSTER_DOMAIN} {{
+        kubeconfig {self.cluster.kubeconfig}
+    }}
+}}
+.:53 {{
+    bind {self.gateway}
+    template ANY ANY {{
+        rcode NXDOMAIN
+    }}
+}}
+"""
+        (self.root / "Corefile").write_text(corefile)
+        self.cluster._start("coredns", ["-conf", str(self.root / "Corefile")], str(coredns))
+
+    def _dns_answers(self) -> bool:
+        """Whether the node's CoreDNS answers, from the API's data: the
+        ``kubernetes`` Service's name resolves (CoreDNS starts serving once
+        it has synced with the API server)."""
+        if self.cluster._pid("coredns") is None:
+            raise self._cluster_module().ClusterError(
+                f"CoreDNS exited; see {self.cluster.logs / 'coredns.log'}"
+            )
+        return bool(dns_query(self.gateway, f"kubernetes.default.svc.{CLUSTER_DOMAIN}"))
 
     def _cgroup_dirs(self) -> list[Path]:
         """The pods' cgroup root in every cgroup v1 hierarchy (the kubelet
@@ -429,6 +495,12 @@ state = "{r}/containerd-state"
             "volumePluginDir": str(self.root / "volume-plugins"),
             "registerWithTaints": [{"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"}],
             "podCIDR": self.subnet,
+            # Pods (dnsPolicy ClusterFirst) ask the node's CoreDNS
+            # (_start_coredns), with the search list
+            # <namespace>.svc.cluster.local svc.cluster.local cluster.local.
+            # No host resolv.conf: nothing from this machine's is added.
+            "clusterDNS": [self.gateway],
+            "clusterDomain": CLUSTER_DOMAIN,
             "resolvConf": "",
             "imageGCHighThresholdPercent": 100,
             "imageGCLowThresholdPercent": 99,
@@ -503,6 +575,38 @@ def host_ip() -> str:
         except OSError as e:
             raise RuntimeError(f"the real node needs a non-loopback IPv4 address: {e}") from e
         return str(probe.getsockname()[0])
+
+
+def dns_query(server: str, name: str, timeout: float = 1.0) -> list[str]:
+    """The IPv4 addresses ``server`` (port 53, UDP) gives for ``name``; empty
+    when it answers none or not at all."""
+    query_id = os.getpid() & 0xFFFF
+    question = b"".join(bytes([len(p)]) + p.encode() for p in name.rstrip(".").split("."))
+    # Header: id, flags (recursion desired), 1 question; then QTYPE A, QCLASS IN.
+    packet = struct.pack(">HHHHHH", query_id, 0x0100, 1, 0, 0, 0) + question + b"\0\0\1\0\1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(timeout)
+        try:
+            sock.sendto(packet, (server, 53))
+            reply = sock.recv(4096)
+        except OSError:
+            return []
+    reply_id, flags, _, answers, _, _ = struct.unpack(">HHHHHH", reply[:12])
+    if reply_id != query_id or flags & 0xF:  # another reply, or an error rcode
+        return []
+    offset = 12 + len(question) + 5
+    addresses = []
+    for _ in range(answers):
+        # The answer's name: a pointer to the question (2 bytes) or labels.
+        while reply[offset] and reply[offset] < 0xC0:
+            offset += reply[offset] + 1
+        offset += 2 if reply[offset] >= 0xC0 else 1
+        rtype, _, _, length = struct.unpack(">HHIH", reply[offset : offset + 10])
+        offset += 10
+        if rtype == 1 and length == 4:
+            addresses.append(socket.inet_ntoa(reply[offset : offset + 4]))
+        offset += length
+    return addresses
 
 
 @contextlib.contextmanager

@@ -13,11 +13,17 @@ kubelet reports. Its first worker breaches a real memory limit; the kernel
 OOM-kills the worker's child, containerd says OOMKilled (with the worker's own
 exit code), and the operator counts a gang restart whose message says so; the
 second gang succeeds.
+
+Two pods on the real node find each other as a TrainingJob's ranks do: by
+their per-pod names under a headless Service
+(``<hostname>.<subdomain>.<namespace>.svc``), which the node's CoreDNS serves
+from the API (dev/realnode/README.md), and connect over TCP.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 from typing import Any
 
 import pytest
@@ -160,3 +166,88 @@ def test_an_oom_kill_on_the_real_kubelet_restarts_the_gang(
         for p in pods
         for s in p["status"]["containerStatuses"]
     )
+
+
+# Two pods behind a headless Service, named by hostname and subdomain as a
+# TrainingJob's pods are (the master's <job>-master-0.<job>.<namespace>.svc).
+PEERS_SERVICE = "peers"
+PEERS_PORT = 7777
+
+
+def _peer(name: str, script: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": PEERS_SERVICE}},
+        "spec": {
+            **REAL_NODE_PLACEMENT,
+            "hostname": name,
+            "subdomain": PEERS_SERVICE,
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [_container("main", script)],
+        },
+    }
+
+
+def test_pods_on_the_real_node_reach_each_other_by_name(cluster, namespace, real_node):
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": PEERS_SERVICE},
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {"app": PEERS_SERVICE},
+            "ports": [{"name": "peer", "port": PEERS_PORT, "protocol": "TCP"}],
+        },
+    }
+    # The server answers every connection with its hostname; the client waits.
+    serve = f"while true; do busybox nc -l -p {PEERS_PORT} -e echo hello from $(hostname); done"
+    objects = [service, _peer("server", serve), _peer("client", "exec sleep 3600")]
+    for obj in objects:
+        cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(obj))
+
+    def explain() -> str:
+        events = cluster.kubectl("get", "events", "-n", namespace, "-o", "wide").stdout
+        coredns = (real_node.cluster.logs / "coredns.log").read_text()[-4000:]
+        return f"{events}\nCoreDNS's log:\n{coredns}"
+
+    def running(name: str) -> dict[str, Any] | None:
+        pod = cluster.get_json("pod", name, "-n", namespace)
+        return pod if pod["status"].get("phase") == "Running" else None
+
+    server = wait_for(
+        "the server on the real node", lambda: running("server"), 120, explain=explain
+    )
+    wait_for("the client on the real node", lambda: running("client"), 120, explain=explain)
+
+    def in_client(*command: str) -> subprocess.CompletedProcess[str]:
+        return cluster.kubectl("exec", "client", "-n", namespace, "--", *command, check=False)
+
+    # The kubelet gave the pod the node's CoreDNS and the cluster's search list.
+    resolv = in_client("cat", "/etc/resolv.conf").stdout.splitlines()
+    assert f"nameserver {real_node.gateway}" in resolv, resolv
+    assert f"search {namespace}.svc.cluster.local svc.cluster.local cluster.local" in resolv
+
+    # The name a rendezvous uses, through the search list (busybox's ping
+    # resolves as the C library does, which torch's rendezvous uses; its
+    # nslookup would not search), to the server pod's IP.
+    name = f"server.{PEERS_SERVICE}.{namespace}.svc"
+
+    def resolved() -> str | None:
+        out = in_client("busybox", "ping", "-c", "1", "-W", "2", name).stdout
+        first = out.splitlines()[0] if out else ""
+        return first.split("(")[1].split(")")[0] if first.startswith("PING") else None
+
+    address = wait_for(f"{name} to resolve", resolved, 60, explain=explain)
+    assert address == server["status"]["podIP"]
+    # Any other name is NXDOMAIN at once: the node's CoreDNS has no upstream.
+    missing = in_client("busybox", "nslookup", "torchfleet.invalid")
+    assert "NXDOMAIN" in missing.stdout, missing
+
+    # And the client reaches the server over TCP by that name.
+    def greeted() -> str:
+        return in_client("busybox", "nc", "-w", "5", name, str(PEERS_PORT)).stdout
+
+    assert wait_for(f"an answer from {name}", greeted, 60, explain=explain) == "hello from server\n"
