@@ -67,7 +67,7 @@ operator-image: deps ## build the operator image from its Dockerfile (buildah on
 
 .PHONY: test-realnode
 test-realnode: venv cluster-build realnode-build operator-image ## the real node's tests alone (a kubelet and containerd on the local cluster, the chart installed there)
-	$(PY) -m pytest tests/e2e/test_real_node.py tests/e2e/test_helm_real_node.py
+	$(PY) -m pytest tests/e2e/test_real_node.py tests/e2e/test_real_node_training.py tests/e2e/test_helm_real_node.py
 
 KUBERNETES_OLDEST := v1.36.3
 .PHONY: test-kubernetes-oldest

@@ -23,6 +23,9 @@
 #   dev/realnode/operator-image.sh --check      exit 0 if the builder can run here
 #   dev/realnode/operator-image.sh --run CMD..  build if needed, run CMD in the
 #                                               image (buildah run, chroot; as its USER)
+#   dev/realnode/operator-image.sh --base       make the stand-in Python base only,
+#                                               print its OCI archive (the real
+#                                               node's training pods run on it)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -60,12 +63,12 @@ finish() {
   "${buildah[@]}" run --isolation chroot "$container" -- "$@"
   exit
 }
-if [ -s "$archive" ]; then finish "$@"; fi
+if [ -s "$archive" ] && [ "${1:-}" != --base ]; then finish "$@"; fi
 
 # shellcheck source=../cache-lock.sh
 source "$here/../cache-lock.sh"
 lock_cache "$cache"
-if [ -s "$archive" ]; then finish "$@"; fi # built while we waited
+if [ -s "$archive" ] && [ "${1:-}" != --base ]; then finish "$@"; fi # built while we waited
 "$repo/dev/ensure-debian-packages.sh"
 mkdir -p "$cache"
 
@@ -95,6 +98,16 @@ if ! "${buildah[@]}" inspect --type image "$base" >/dev/null 2>&1; then
   t0=$SECONDS
   make_base
   log "base made in $((SECONDS - t0)) s"
+fi
+if [ "${1:-}" = --base ]; then
+  base_archive=$cache/python-standin-$python_version-$release-$base_key.tar
+  if [ ! -s "$base_archive" ]; then
+    "${buildah[@]}" push --quiet "$base" "oci-archive:$base_archive.tmp:$base" >&2
+    mv "$base_archive.tmp" "$base_archive"
+    for old in "$cache"/python-standin-*.tar; do [ "$old" = "$base_archive" ] || rm -f "$old"; done
+  fi
+  echo "$base_archive"
+  exit 0
 fi
 
 # The machine's certificate authorities, for the RUN steps only (a bind
