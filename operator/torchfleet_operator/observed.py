@@ -114,6 +114,10 @@ class ObservedPod:
     in_place_report: tuple[int, str | None] | None = None
     # Rank 0's final figures, as its termination message left them (the master's).
     final_report: FinalReport | None = None
+    # Devices its kubelet reports Unhealthy ("resource/device"), from the
+    # containers' allocatedResourcesStatus (KEP-4680): a GPU its device plugin
+    # gave up on while the pod runs on it.
+    unhealthy_devices: tuple[str, ...] = ()
 
     @property
     def finished(self) -> bool:
@@ -173,6 +177,7 @@ class ObservedPod:
             stuck_message=stuck[1],
             started_at=parse_time(status.get("startTime")),
             in_place_report=contract.reported_in_place_restarts(report),
+            unhealthy_devices=_unhealthy_devices(status),
             final_report=FinalReport.from_report(report),
         )
 
@@ -339,6 +344,25 @@ def _stuck(status: dict[str, Any]) -> tuple[str | None, str | None]:
         if waiting.get("reason") in STUCK_REASONS:
             return waiting["reason"], waiting.get("message")
     return None, None
+
+
+def _unhealthy_devices(status: dict[str, Any]) -> tuple[str, ...]:
+    """Every device the kubelet reports Unhealthy for any container of the pod,
+    once each, as "resource/device" (Unknown is no finding: a plugin that has
+    not said yet)."""
+    found: dict[str, None] = {}
+    for kind in ("initContainerStatuses", "containerStatuses"):
+        for container in _dicts(status.get(kind)):
+            for resource in _dicts(container.get("allocatedResourcesStatus")):
+                for device in _dicts(resource.get("resources")):
+                    if device.get("health") == "Unhealthy":
+                        found[f"{resource.get('name')}/{device.get('resourceID')}"] = None
+    return tuple(found)
+
+
+def _dicts(value: Any) -> list[dict[str, Any]]:
+    """The objects of a list the operator reads, skipping anything else in it."""
+    return [x for x in value if isinstance(x, dict)] if isinstance(value, list) else []
 
 
 def _tail(message: str | None) -> str | None:

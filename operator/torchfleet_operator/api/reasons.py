@@ -33,6 +33,8 @@ CONDITION_RUNTIME_RESOLVED: Final = "RuntimeResolved"
 CONDITION_STRAGGLER: Final = "Straggler"
 CONDITION_PREFLIGHT: Final = "Preflight"
 CONDITION_STALLED: Final = "Stalled"
+# True while the kubelet reports a device of a gang's pod Unhealthy (KEP-4680).
+CONDITION_DEVICE_UNHEALTHY: Final = "DeviceUnhealthy"
 
 # ---- Kueue's Workload condition types (kueue.x-k8s.io/v1beta1) ----
 # QuotaReserved, Admitted and Evicted are mirrored onto the job as well.
@@ -92,6 +94,8 @@ REASON_PREFLIGHT_COLLECTIVE_FAILED: Final = "PreflightCollectiveFailed"  # Prefl
 REASON_MAX_REPLACEMENTS_REACHED: Final = "MaxReplacementsReached"
 REASON_STEP_STALLED: Final = "StepStalled"  # Stalled True; the Restart's reason too
 REASON_STEP_MOVING: Final = "StepMoving"  # Stalled False
+REASON_UNHEALTHY_DEVICE: Final = "UnhealthyDevice"  # DeviceUnhealthy True; Replace's reason
+REASON_DEVICES_HEALTHY: Final = "DevicesHealthy"  # DeviceUnhealthy False
 
 # ---- reasons: children the apiserver refused (ChildrenRejected) ----
 REASON_ACCEPTED: Final = "Accepted"

@@ -18,8 +18,14 @@ gang's phase; this policy reads them from the master's scrape
 * ``Stalled``: True when the step has stood still for longer than
   ``runPolicy.stall`` allows while the trainer says it trains (a long
   evaluation or checkpoint save is its own phase, so never a hang).
+* ``DeviceUnhealthy``: True naming the devices the kubelet reports Unhealthy
+  for a running pod of the gang (its containers' ``allocatedResourcesStatus``,
+  KEP-4680: the device plugin's word, e.g. a GPU fallen off the bus); False
+  once none is. Read from the pods, so it holds for any program, the
+  trainer's or a user's own.
 
-Under ``stragglers.action: Replace`` a slow node (straggler or preflight) is
+Under ``stragglers.action: Replace`` a slow node (straggler or preflight), or
+the node of an unhealthy device, is
 added to ``status.health.avoidedNodes`` (the job's next pods carry a node
 affinity that keeps them off it: desired/pods.py) and the gang restarts, as a
 disruption: the node, not the program, is at fault. A disruption counts
@@ -52,7 +58,7 @@ from torchfleet_operator.status.restarts import gang as gang_generation
 # Figures are kept to this many decimals in the status (and compared so).
 DIGITS = 6
 # The failures of a Replace restart (spending runPolicy.stragglers.maxReplacements).
-REPLACE_REASONS = (r.REASON_SLOW_NODE, r.REASON_PREFLIGHT_SLOW_NODE)
+REPLACE_REASONS = (r.REASON_SLOW_NODE, r.REASON_PREFLIGHT_SLOW_NODE, r.REASON_UNHEALTHY_DEVICE)
 # Phases in which a still step counter is expected: the gang is not training.
 NOT_TRAINING = (
     contract.PHASE_STARTING,
@@ -70,7 +76,9 @@ def judge(step: Pass, spec: TrainingJobSpec, gang: list[ObservedPod]) -> list[Fa
     health = _for_gang(step, restart)
     running = step.old_status.phase == c.PHASE_RUNNING
     latest = step.observed.health if running else None
-    found: list[Failure] = []
+    # A device the kubelet gave up on comes first: it is the plugin's finding,
+    # not a figure's, and the node's other findings are likely its effects.
+    found = _devices(step, spec, health, gang)
     # Figures count only from the scrape status.progress shows (this gang's, and
     # each log interval once); the phase is read from the latest scrape, which
     # a pass may refuse as progress only for being taken in the same second.
@@ -260,6 +268,39 @@ def _replace(
     health["avoidedNodes"] = avoided[-c.MAX_AVOIDED_NODES :]
     pod = next(p for p in gang if p.node_name == on_gang[0])
     return [Failure(pod.name, reason, None, True, message, disruption=True)]
+
+
+# ---- devices ----
+
+
+def _devices(
+    step: Pass, spec: TrainingJobSpec, health: dict[str, Any], gang: list[ObservedPod]
+) -> list[Failure]:
+    running = [p for p in gang if not p.finished and not p.deleting]
+    bad = [(pod, device) for pod in running for device in pod.unhealthy_devices]
+    if not bad:
+        step.clear_condition(
+            r.CONDITION_DEVICE_UNHEALTHY,
+            r.REASON_DEVICES_HEALTHY,
+            "the kubelet reports no device of the gang's pods unhealthy",
+        )
+        return []
+    named = "; ".join(
+        f"{device} of pod {pod.name} on node {pod.node_name or 'unknown'}"
+        for pod, device in bad[:5]
+    )
+    replace, reason, message = _replacing(
+        spec,
+        health,
+        r.REASON_UNHEALTHY_DEVICE,
+        f"the kubelet reports {named} unhealthy",
+        "the gang restarts away from its node (runPolicy.stragglers.action Replace)",
+    )
+    _warn(step, r.CONDITION_DEVICE_UNHEALTHY, True, reason, message)
+    if not replace:
+        return []
+    nodes = list(dict.fromkeys(pod.node_name for pod, _ in bad if pod.node_name))
+    return _replace(step, health, nodes, gang, r.REASON_UNHEALTHY_DEVICE, message)
 
 
 # ---- preflight ----
