@@ -57,9 +57,10 @@ cluster-build: ## build the control plane from Go modules (cached in ~/.cache/to
 	dev/cluster/build.sh
 
 .PHONY: realnode-build
-realnode-build: ## build the real node (kubelet, containerd, CNI plugins, pause and busybox images, its CoreDNS), cached
+realnode-build: ## build the real node (kubelet, containerd, CNI plugins, pause and busybox images, its CoreDNS, a fake-GPU device plugin), cached
 	dev/realnode/build.sh
 	dev/realnode/coredns.sh
+	dev/realnode/deviceplugin.sh
 
 .PHONY: operator-image
 operator-image: deps ## build the operator image from its Dockerfile (buildah on a Debian-made Python base), cached
@@ -67,7 +68,7 @@ operator-image: deps ## build the operator image from its Dockerfile (buildah on
 
 .PHONY: test-realnode
 test-realnode: venv cluster-build realnode-build operator-image ## the real node's tests alone (a kubelet and containerd on the local cluster, the chart installed there)
-	$(PY) -m pytest tests/e2e/test_real_node.py tests/e2e/test_real_node_training.py tests/e2e/test_helm_real_node.py
+	$(PY) -m pytest tests/e2e/test_real_node.py tests/e2e/test_real_node_devices.py tests/e2e/test_real_node_training.py tests/e2e/test_helm_real_node.py
 
 KUBERNETES_OLDEST := v1.36.3
 .PHONY: test-kubernetes-oldest

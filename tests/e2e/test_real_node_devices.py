@@ -1,0 +1,173 @@
+"""Device health from the real kubelet (KEP-4680): a device plugin's devices
+allocated to a container, and their health in the pod's status.
+
+dev/realnode/deviceplugin.sh's plugin serves fake GPUs
+(``torchfleet.dev/fake-gpu``) to the real node's kubelet: it gives a container
+its devices' IDs in ``FAKE_GPU_IDS`` and reads each device's health from a
+file the test writes. When a device allocated to a running container turns
+Unhealthy, the kubelet says so in that container's
+``allocatedResourcesStatus`` and leaves the device out of the node's
+allocatable count: what the operator's node-health policy reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fixtures.poll import wait_for
+from tests.fixtures.realnode import BUSYBOX_IMAGE, REAL_NODE_ONLY, REAL_NODE_PLACEMENT, REPO
+
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster, REAL_NODE_ONLY]
+
+RESOURCE = "torchfleet.dev/fake-gpu"
+COUNT = 2
+
+
+class FakeGpus:
+    """The running plugin: its health file and log."""
+
+    def __init__(self, health_file: Path, log: Path) -> None:
+        self.health_file, self.log = health_file, log
+
+    def set_health(self, health: dict[str, str]) -> None:
+        # Renamed into place: the plugin never reads a half-written file.
+        part = self.health_file.with_suffix(".part")
+        part.write_text(json.dumps(health))
+        os.replace(part, self.health_file)
+
+
+def _allocatable(cluster: Any, node: str) -> str | None:
+    return cluster.get_json("node", node)["status"].get("allocatable", {}).get(RESOURCE)
+
+
+@pytest.fixture(scope="module")
+def fake_gpus(cluster: Any, real_node: Any) -> Iterator[FakeGpus]:
+    """The fake-GPU plugin, registered with the real node's kubelet, its
+    devices (all Healthy) in the node's allocatable; stopped afterwards."""
+    build = subprocess.run(
+        [str(REPO / "dev/realnode/deviceplugin.sh")], capture_output=True, text=True, timeout=600
+    )
+    if build.returncode != 0:
+        pytest.fail(f"dev/realnode/deviceplugin.sh failed:\n{build.stderr[-4000:]}")
+    gpus = FakeGpus(
+        Path(real_node.root) / "fake-gpu-health.json", real_node.cluster.logs / "deviceplugin.log"
+    )
+    gpus.set_health({})
+    command = [
+        build.stdout.strip().splitlines()[-1],
+        # The kubelet's plugin watcher's folder, under its --root-dir (its
+        # device-plugins/kubelet.sock is /var/lib/kubelet's whatever the root).
+        f"--registry-dir={Path(real_node.root) / 'kubelet' / 'plugins_registry'}",
+        f"--count={COUNT}",
+        f"--health-file={gpus.health_file}",
+    ]
+    with gpus.log.open("ab") as log:
+        plugin = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(
+            f"{COUNT} {RESOURCE} allocatable on {real_node.name}",
+            lambda: _allocatable(cluster, real_node.name) == str(COUNT),
+            60,
+            explain=lambda: gpus.log.read_text()[-4000:],
+        )
+        yield gpus
+    finally:
+        plugin.terminate()
+        try:
+            plugin.wait(10)
+        except subprocess.TimeoutExpired:
+            plugin.kill()
+            plugin.wait()
+
+
+def _pod(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            **REAL_NODE_PLACEMENT,
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            # The image has no user of its own: a plain uid, as restricted asks.
+            "securityContext": {"runAsUser": 1000, "runAsNonRoot": True},
+            "containers": [
+                {
+                    "name": "main",
+                    "image": BUSYBOX_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["sleep", "3600"],
+                    "resources": {"limits": {RESOURCE: "1"}},
+                }
+            ],
+        },
+    }
+
+
+def _health(pod: dict[str, Any]) -> dict[str, str]:
+    """The pod's one container's device health, by device ID, as the kubelet
+    reports it."""
+    statuses = pod["status"].get("containerStatuses", [])
+    reported = statuses[0].get("allocatedResourcesStatus", []) if statuses else []
+    return {
+        r["resourceID"]: r["health"]
+        for resource in reported
+        if resource["name"] == RESOURCE
+        for r in resource.get("resources", [])
+    }
+
+
+def test_the_real_kubelet_reports_an_unhealthy_device(cluster, namespace, real_node, fake_gpus):
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(_pod("gpu")))
+
+    def explain() -> str:
+        events = cluster.kubectl("get", "events", "-n", namespace, "-o", "wide").stdout
+        return f"{events}\nthe plugin's log:\n{fake_gpus.log.read_text()[-4000:]}"
+
+    def pod() -> dict[str, Any]:
+        return cluster.get_json("pod", "gpu", "-n", namespace)
+
+    running = wait_for(
+        "the pod running on the real node",
+        lambda: (p := pod())["status"].get("phase") == "Running" and p,
+        120,
+        explain=explain,
+    )
+    assert running["spec"]["nodeName"] == real_node.name
+    # The plugin's Allocate named the container's device in its environment.
+    env = cluster.kubectl("exec", "gpu", "-n", namespace, "--", "sh", "-c", 'echo "$FAKE_GPU_IDS"')
+    device = env.stdout.strip()
+    assert device in {f"fake-gpu-{i}" for i in range(COUNT)}, env.stdout
+
+    # The kubelet reports the allocated device's health with the container.
+    wait_for(
+        f"{device} Healthy in the pod's allocatedResourcesStatus",
+        lambda: _health(pod()) == {device: "Healthy"},
+        60,
+        explain=lambda: f"{pod()['status']}\n{explain()}",
+    )
+
+    fake_gpus.set_health({device: "Unhealthy"})
+    status = wait_for(
+        f"{device} Unhealthy in the pod's allocatedResourcesStatus",
+        lambda: _health(p := pod()) == {device: "Unhealthy"} and p["status"],
+        60,
+        explain=lambda: f"{pod()['status']}\n{explain()}",
+    )
+    print(json.dumps(status["containerStatuses"][0]["allocatedResourcesStatus"]))
+    # The node's allocatable leaves the unhealthy device out; its capacity keeps it.
+    wait_for(
+        f"{COUNT - 1} {RESOURCE} allocatable on {real_node.name}",
+        lambda: _allocatable(cluster, real_node.name) == str(COUNT - 1),
+        60,
+        explain=explain,
+    )
+    node = cluster.get_json("node", real_node.name)
+    assert node["status"]["capacity"][RESOURCE] == str(COUNT)
