@@ -21,8 +21,15 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.test_training import get_job
 from tests.fixtures.poll import wait_for
-from tests.fixtures.realnode import BUSYBOX_IMAGE, REAL_NODE_ONLY, REAL_NODE_PLACEMENT, REPO
+from tests.fixtures.realnode import (
+    BUSYBOX_IMAGE,
+    REAL_NODE_ONLY,
+    REAL_NODE_PLACEMENT,
+    REPO,
+    busybox_job,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, REAL_NODE_ONLY]
 
@@ -171,3 +178,90 @@ def test_the_real_kubelet_reports_an_unhealthy_device(cluster, namespace, real_n
     )
     node = cluster.get_json("node", real_node.name)
     assert node["status"]["capacity"][RESOURCE] == str(COUNT)
+
+
+def _devices_of(pod: dict[str, Any]) -> set[str]:
+    return set(_health(pod))
+
+
+def test_a_job_whose_device_turns_unhealthy_leaves_the_node_uncounted(
+    cluster, e2e_namespace, real_node, fake_gpus, e2e_operator
+):
+    """The operator reads what the real kubelet reports: a TrainingJob's
+    master and worker each hold a fake GPU; the master's turns Unhealthy; under
+    runPolicy.stragglers.action Replace the job says DeviceUnhealthy naming it,
+    and restarts its gang as a disruption (uncounted), the next pods kept off
+    the node (here the only one with such devices, so they wait)."""
+    namespace = e2e_namespace
+    fake_gpus.set_health({})  # the module's first test left one Unhealthy
+    wait_for(
+        f"{COUNT} {RESOURCE} allocatable again",
+        lambda: _allocatable(cluster, real_node.name) == str(COUNT),
+        60,
+    )
+    # SIGTERM ends it at once: the gang restart waits for the old pods to go.
+    job = busybox_job("devices", "trap 'exit 0' TERM; sleep 3600 & wait", "64Mi")
+    job["spec"]["runPolicy"] = {"stragglers": {"action": "Replace"}}
+    for role in ("master", "worker"):
+        (trainer,) = job["spec"][role]["template"]["spec"]["containers"]
+        trainer["resources"] = {"limits": {RESOURCE: "1"}}
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(job))
+
+    def master() -> dict[str, Any]:
+        """The master pod, or an empty one before the operator has made it."""
+        pods = cluster.get_json("pods", "-n", namespace, "-l", "torchfleet.dev/restart=0")
+        found = [p for p in pods["items"] if p["metadata"]["name"] == "devices-master-0"]
+        return found[0] if found else {"status": {}}
+
+    def explain() -> str:
+        pods = cluster.kubectl("get", "pods,tj", "-n", namespace, "-o", "wide").stdout
+        events = cluster.kubectl("get", "events", "-n", namespace).stdout
+        return f"{pods}\n{events}\nthe plugin's log:\n{fake_gpus.log.read_text()[-2000:]}"
+
+    held = wait_for(
+        "the master's device Healthy in its status",
+        lambda: (p := master())["status"].get("phase") == "Running" and _devices_of(p),
+        120,
+        explain=explain,
+    )
+    (device,) = held
+    fake_gpus.set_health({device: "Unhealthy"})
+
+    status = wait_for(
+        "the gang restarted away from the node",
+        lambda: (
+            (s := get_job(cluster, namespace, "devices").get("status") or {}).get("restartCount")
+            == 1
+            and s
+        ),
+        120,
+        explain=explain,
+    )
+    # A disruption: the node's fault, counted toward no limit.
+    assert status.get("countedRestarts", 0) == 0, status
+    assert status["health"]["avoidedNodes"] == [real_node.name], status["health"]
+    warned = [
+        e
+        for e in cluster.get_json("events", "-n", namespace)["items"]
+        if e["reason"] == "UnhealthyDevice" and e["involvedObject"]["kind"] == "TrainingJob"
+    ]
+    named = f"{RESOURCE}/{device} of pod devices-master-0 on node {real_node.name}"
+    assert warned and named in warned[0]["message"], warned
+    # The next gang's pods are kept off the node, and no other node has the devices.
+    pending = wait_for(
+        "the next gang's pods unschedulable",
+        lambda: (
+            (pods := cluster.get_json("pods", "-n", namespace, "-l", "torchfleet.dev/restart=1"))
+            and len(pods["items"]) == 2
+            and all(not p["spec"].get("nodeName") for p in pods["items"])
+            and pods["items"]
+        ),
+        120,
+        explain=explain,
+    )
+    for pod in pending:
+        terms = pod["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]["nodeSelectorTerms"]
+        avoid = {"key": "metadata.name", "operator": "NotIn", "values": [real_node.name]}
+        assert all(avoid in term.get("matchFields", []) for term in terms), terms
