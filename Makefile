@@ -59,8 +59,8 @@ cluster-build: ## build the control plane from Go modules (cached in ~/.cache/to
 .PHONY: realnode-build
 realnode-build: ## build the real node (kubelet, containerd, CNI plugins, pause and busybox images, its CoreDNS, a fake-GPU device plugin), cached
 	dev/realnode/build.sh
-	dev/realnode/coredns.sh
-	dev/realnode/deviceplugin.sh
+	dev/realnode/gotool.sh coredns
+	dev/realnode/gotool.sh deviceplugin
 
 .PHONY: operator-image
 operator-image: deps ## build the operator image from its Dockerfile (buildah on a Debian-made Python base), cached

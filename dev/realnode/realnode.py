@@ -6,7 +6,7 @@ to containerd v2, which runs each container with Debian's runc; pods get a
 network from the CNI bridge and host-local plugins. Images come from
 build.sh's archives (the pause image, a static-busybox base), imported with
 ``ctr images import``, since there is no registry. The node runs its own
-CoreDNS (coredns.sh's) on its bridge's address, the kubelet's clusterDNS, so
+CoreDNS (gotool.sh coredns) on its bridge's address, the kubelet's clusterDNS, so
 pods resolve the cluster's names, a headless Service's per-pod names included
 (see _start_coredns).
 
@@ -98,8 +98,10 @@ def build() -> Path:
 
 
 def build_coredns() -> Path:
-    """coredns.sh's binary: CoreDNS with only the plugins the node needs."""
-    out = subprocess.run([str(HERE / "coredns.sh")], check=True, stdout=subprocess.PIPE, text=True)
+    """gotool.sh coredns binary: CoreDNS with only the plugins the node needs."""
+    out = subprocess.run(
+        [str(HERE / "gotool.sh"), "coredns"], check=True, stdout=subprocess.PIPE, text=True
+    )
     return Path(out.stdout.strip().splitlines()[-1])
 
 

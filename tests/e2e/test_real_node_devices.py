@@ -1,7 +1,7 @@
 """Device health from the real kubelet (KEP-4680): a device plugin's devices
 allocated to a container, and their health in the pod's status.
 
-dev/realnode/deviceplugin.sh's plugin serves fake GPUs
+dev/realnode/deviceplugin (gotool.sh) serves fake GPUs
 (``torchfleet.dev/fake-gpu``) to the real node's kubelet: it gives a container
 its devices' IDs in ``FAKE_GPU_IDS`` and reads each device's health from a
 file the test writes. When a device allocated to a running container turns
@@ -59,10 +59,13 @@ def fake_gpus(cluster: Any, real_node: Any) -> Iterator[FakeGpus]:
     """The fake-GPU plugin, registered with the real node's kubelet, its
     devices (all Healthy) in the node's allocatable; stopped afterwards."""
     build = subprocess.run(
-        [str(REPO / "dev/realnode/deviceplugin.sh")], capture_output=True, text=True, timeout=600
+        [str(REPO / "dev/realnode/gotool.sh"), "deviceplugin"],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     if build.returncode != 0:
-        pytest.fail(f"dev/realnode/deviceplugin.sh failed:\n{build.stderr[-4000:]}")
+        pytest.fail(f"dev/realnode/gotool.sh deviceplugin failed:\n{build.stderr[-4000:]}")
     gpus = FakeGpus(
         Path(real_node.root) / "fake-gpu-health.json", real_node.cluster.logs / "deviceplugin.log"
     )
