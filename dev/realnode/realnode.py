@@ -98,7 +98,7 @@ def build() -> Path:
 
 
 def build_coredns() -> Path:
-    """gotool.sh coredns binary: CoreDNS with only the plugins the node needs."""
+    """CoreDNS as `gotool.sh coredns` builds it: only the plugins the node needs."""
     out = subprocess.run(
         [str(HERE / "gotool.sh"), "coredns"], check=True, stdout=subprocess.PIPE, text=True
     )

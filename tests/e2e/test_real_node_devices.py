@@ -1,8 +1,9 @@
 """Device health from the real kubelet (KEP-4680): a device plugin's devices
 allocated to a container, and their health in the pod's status.
 
-dev/realnode/deviceplugin (gotool.sh) serves fake GPUs
-(``torchfleet.dev/fake-gpu``) to the real node's kubelet: it gives a container
+The fake-GPU device plugin (dev/realnode/deviceplugin, built by gotool.sh)
+serves fake GPUs (``torchfleet.dev/fake-gpu``) to the real node's kubelet: it
+gives a container
 its devices' IDs in ``FAKE_GPU_IDS`` and reads each device's health from a
 file the test writes. When a device allocated to a running container turns
 Unhealthy, the kubelet says so in that container's
