@@ -3,10 +3,9 @@ allocated to a container, and their health in the pod's status.
 
 The fake-GPU device plugin (dev/realnode/deviceplugin, built by gotool.sh)
 serves fake GPUs (``torchfleet.dev/fake-gpu``) to the real node's kubelet: it
-gives a container
-its devices' IDs in ``FAKE_GPU_IDS`` and reads each device's health from a
-file the test writes. When a device allocated to a running container turns
-Unhealthy, the kubelet says so in that container's
+gives a container its devices' IDs in ``FAKE_GPU_IDS`` and reads each
+device's health from a file the test writes. When a device allocated to a
+running container turns Unhealthy, the kubelet says so in that container's
 ``allocatedResourcesStatus`` and leaves the device out of the node's
 allocatable count: what the operator's node-health policy reads.
 """
