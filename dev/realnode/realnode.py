@@ -83,26 +83,26 @@ PROCESSES = ("coredns", "containerd", "kubelet")
 RUNC = os.environ.get("TORCHFLEET_RUNC") or shutil.which("runc") or "runc"
 
 
+def _built(*argv: str, env: dict[str, str] | None = None) -> Path:
+    """What a build script here printed last: the path of what it built."""
+    out = subprocess.run(
+        [str(HERE / argv[0]), *argv[1:]], check=True, stdout=subprocess.PIPE, text=True, env=env
+    )
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
 def build() -> Path:
     """build.sh's folder: the kubelet of the cluster's release (as localcluster.py
     picks it: TORCHFLEET_KUBERNETES_VERSION, else versions.env)."""
     release = os.environ.get("TORCHFLEET_KUBERNETES_VERSION")
-    out = subprocess.run(
-        [str(HERE / "build.sh")],
-        check=True,
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, **({"KUBERNETES_VERSION": release} if release else {})},
+    return _built(
+        "build.sh", env={**os.environ, **({"KUBERNETES_VERSION": release} if release else {})}
     )
-    return Path(out.stdout.strip().splitlines()[-1])
 
 
 def build_coredns() -> Path:
     """CoreDNS as `gotool.sh coredns` builds it: only the plugins the node needs."""
-    out = subprocess.run(
-        [str(HERE / "gotool.sh"), "coredns"], check=True, stdout=subprocess.PIPE, text=True
-    )
-    return Path(out.stdout.strip().splitlines()[-1])
+    return _built("gotool.sh", "coredns")
 
 
 class RealNode:

@@ -27,7 +27,7 @@ from tests.fixtures.realnode import (
     BUSYBOX_IMAGE,
     REAL_NODE_ONLY,
     REAL_NODE_PLACEMENT,
-    REPO,
+    built,
     busybox_job,
 )
 
@@ -58,20 +58,13 @@ def _allocatable(cluster: Any, node: str) -> str | None:
 def fake_gpus(cluster: Any, real_node: Any) -> Iterator[FakeGpus]:
     """The fake-GPU plugin, registered with the real node's kubelet, its
     devices (all Healthy) in the node's allocatable; stopped afterwards."""
-    build = subprocess.run(
-        [str(REPO / "dev/realnode/gotool.sh"), "deviceplugin"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if build.returncode != 0:
-        pytest.fail(f"dev/realnode/gotool.sh deviceplugin failed:\n{build.stderr[-4000:]}")
+    plugin_binary = built("dev/realnode/gotool.sh", "deviceplugin")
     gpus = FakeGpus(
         Path(real_node.root) / "fake-gpu-health.json", real_node.cluster.logs / "deviceplugin.log"
     )
     gpus.set_health({})
     command = [
-        build.stdout.strip().splitlines()[-1],
+        str(plugin_binary),
         # The kubelet's plugin watcher's folder, under its --root-dir (its
         # device-plugins/kubelet.sock is /var/lib/kubelet's whatever the root).
         f"--registry-dir={Path(real_node.root) / 'kubelet' / 'plugins_registry'}",
